@@ -1,0 +1,94 @@
+"""Group coordinator settings the state machine needs (KIP-848's names, adapted to connect)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SESSION_TIMEOUT = "group.connect.session.timeout.ms"
+HEARTBEAT_INTERVAL = "group.connect.heartbeat.interval.ms"
+GROUP_OVERRIDES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
+
+
+class ConfigError(ValueError):
+    """A setting is out of its bounds or inconsistent with another."""
+
+
+@dataclass(frozen=True)
+class GroupCoordinatorConfig:
+    session_timeout_ms: int = 10_000
+    min_session_timeout_ms: int = 1_000
+    max_session_timeout_ms: int = 300_000
+    heartbeat_interval_ms: int = 3_000
+    min_heartbeat_interval_ms: int = 100
+    max_heartbeat_interval_ms: int = 60_000
+    max_size: int = 2**31 - 1
+    """``group.connect.max.size``: members per group."""
+    empty_group_retention_ms: int = 7 * 24 * 3600 * 1000
+    """A group with no members and no connectors is deleted after this long."""
+    assignment_timeout_floor_ms: int = 1_000
+    """The least time a chosen worker gets to compute an assignment."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def bounded(name: str, value: int, low: int, high: int) -> None:
+            if not low <= value <= high:
+                raise ConfigError(f"{name}={value} must be within [{low}, {high}]")
+
+        if self.min_session_timeout_ms <= 0 or self.min_heartbeat_interval_ms <= 0:
+            raise ConfigError("minimum session timeout and heartbeat interval must be > 0")
+        bounded(SESSION_TIMEOUT, self.session_timeout_ms,
+                self.min_session_timeout_ms, self.max_session_timeout_ms)
+        bounded(HEARTBEAT_INTERVAL, self.heartbeat_interval_ms,
+                self.min_heartbeat_interval_ms, self.max_heartbeat_interval_ms)
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ConfigError(
+                f"{HEARTBEAT_INTERVAL}={self.heartbeat_interval_ms} must be smaller than "
+                f"{SESSION_TIMEOUT}={self.session_timeout_ms}"
+            )
+        if self.max_size < 1:
+            raise ConfigError("group.connect.max.size must be >= 1")
+        if self.empty_group_retention_ms < 0:
+            raise ConfigError("empty group retention must be >= 0")
+
+    def for_group(self, overrides: dict[str, str | None]) -> tuple[int, int]:
+        """(session timeout, heartbeat interval) for a group, overrides clamped to bounds."""
+        session = _int(overrides.get(SESSION_TIMEOUT), self.session_timeout_ms)
+        heartbeat = _int(overrides.get(HEARTBEAT_INTERVAL), self.heartbeat_interval_ms)
+        session = min(max(session, self.min_session_timeout_ms), self.max_session_timeout_ms)
+        heartbeat = min(max(heartbeat, self.min_heartbeat_interval_ms),
+                        self.max_heartbeat_interval_ms)
+        return session, heartbeat
+
+    def validate_overrides(self, overrides: dict[str, str | None]) -> str | None:
+        """An error message if ``overrides`` are invalid, else None."""
+        for name, value in overrides.items():
+            if name not in GROUP_OVERRIDES:
+                return f"unknown group configuration {name!r} (known: {', '.join(GROUP_OVERRIDES)})"
+            if value is None:
+                continue
+            try:
+                number = int(value)
+            except ValueError:
+                return f"{name} must be an integer, got {value!r}"
+            low, high = (
+                (self.min_session_timeout_ms, self.max_session_timeout_ms)
+                if name == SESSION_TIMEOUT
+                else (self.min_heartbeat_interval_ms, self.max_heartbeat_interval_ms)
+            )
+            if not low <= number <= high:
+                return f"{name}={number} must be within [{low}, {high}]"
+        session, heartbeat = self.for_group(overrides)
+        if heartbeat >= session:
+            return f"{HEARTBEAT_INTERVAL} ({heartbeat}) must be smaller than {SESSION_TIMEOUT} ({session})"
+        return None
+
+
+def _int(value: str | None, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        return default

@@ -1,0 +1,1273 @@
+"""The connect group coordinator: a pure state machine, one instance per log partition (shard).
+
+Theory of operation
+-------------------
+Rule 1: everything that decides what a connect group does lives in this package. The runtime
+around it only moves bytes, writes records to disk and fires timers.
+
+* **Values in, values out.** Each handler takes a request (a generated message class), the
+  request's context and ``now_ms``, and returns a :class:`Result`: the response, the records
+  to write, timer changes (absolute deadlines) and the members whose parked long-poll heartbeat
+  should be re-evaluated. No clock, no I/O, no asyncio.
+* **Records are the only way durable state changes.** A handler never mutates a group: it
+  *writes* a record, which is replayed into the state at once (so later steps of the same
+  handler see it) and remembered with the key's previous value. If the runtime fails to make
+  the records durable it calls :meth:`GroupCoordinator.rollback`, which replays those previous
+  values in reverse. Loading a partition is replaying its log through the same ``replay``.
+* **Three epochs** (seed 000 "Rebalance Process"): the *group epoch* counts changes of the
+  group's metadata (members joining, leaving or being fenced, their assignors, connectors and
+  task counts); whenever it is ahead of the *assignment epoch*, one member is chosen to compute
+  a new target assignment (``ShouldComputeAssignment``, then PrepareAssignment and
+  InstallAssignment); each member then reconciles toward its target and reaches the assignment
+  epoch as its *member epoch* (``reconciliation.next_assignment``: revoke first, then assign
+  what is free).
+* **Timers are data.** Session, rebalance (revocation), assignment-computation, scheduled
+  rebalance and empty-group expiry deadlines are returned as :class:`TimerOp`; an expiry comes
+  back through :meth:`GroupCoordinator.on_timer`. Each handler re-checks its own soft state, so
+  a stale or duplicated expiry does nothing.
+* **O(1) steady heartbeat.** A heartbeat from a stable member writes nothing and touches only
+  that member: group state is maintained incrementally (``Group.unreconciled``), the assignor
+  selection is cached per group epoch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from connect_wire.errors import ErrorCode
+from connect_wire.messages import (
+    ConnectGroupAlterConnectorsRequest,
+    ConnectGroupAlterConnectorsResponse,
+    ConnectGroupDescribeRequest,
+    ConnectGroupDescribeResponse,
+    ConnectGroupHeartbeatRequest,
+    ConnectGroupHeartbeatResponse,
+    ConnectGroupInstallAssignmentRequest,
+    ConnectGroupInstallAssignmentResponse,
+    ConnectGroupPrepareAssignmentRequest,
+    ConnectGroupPrepareAssignmentResponse,
+)
+from connect_wire.messages import connect_group_describe_response_v0 as _desc
+from connect_wire.messages import connect_group_heartbeat_response_v0 as _hb
+from connect_wire.messages import connect_group_prepare_assignment_response_v0 as _prep
+from connect_wire.records import (
+    CurrentMemberAssignmentKey,
+    GroupConfigurationKey,
+    GroupConnectorsKey,
+    GroupMemberKey,
+    GroupMetadataKey,
+    TargetAssignmentMemberKey,
+    TargetAssignmentMetadataKey,
+)
+
+from . import records as rec
+from .config import GroupCoordinatorConfig
+from .model import (
+    CONNECTOR,
+    EMPTY,
+    EMPTY_TARGET,
+    NEW_MEMBER_ASSIGNMENT,
+    AssignorSpec,
+    Computation,
+    ConnectorSpec,
+    CurrentAssignment,
+    Group,
+    GroupState,
+    Item,
+    MemberMetadata,
+    MemberState,
+    TargetMember,
+    items_from_wire,
+    split_items,
+)
+from .reconciliation import next_assignment
+from .state import CoordinatorState, ReplayError
+
+E = ErrorCode
+
+SESSION = "session"
+REBALANCE = "rebalance"
+COMPUTE = "compute"
+SCHEDULED = "scheduled"
+EXPIRE = "expire"
+
+TimerKey = tuple[str, str, str]
+"""(kind, group id, member id or "")."""
+
+
+@dataclass(frozen=True)
+class TimerOp:
+    """Set (``deadline_ms`` given) or cancel (None) the timer ``key``."""
+
+    key: TimerKey
+    deadline_ms: int | None
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass
+class Result:
+    response: Any = None
+    records: list[rec.Record] = field(default_factory=list)
+    timers: list[TimerOp] = field(default_factory=list)
+    wake: set[tuple[str, str]] = field(default_factory=set)
+    undo: list[rec.Record] = field(default_factory=list, repr=False)
+
+
+class _Reject(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Txn:
+    """Records written by one handler, applied as they are written, with their inverse."""
+
+    def __init__(self, state: CoordinatorState) -> None:
+        self.state = state
+        self.records: list[rec.Record] = []
+        self.undo: list[rec.Record] = []
+        self.timers: list[TimerOp] = []
+        self.wake: set[tuple[str, str]] = set()
+
+    def write(self, record: rec.Record) -> None:
+        previous = self.state.current_record(record.key)
+        self.state.replay(record)
+        self.undo.append(previous)
+        self.records.append(record)
+
+    def timer(self, kind: str, group_id: str, member_id: str, deadline_ms: int | None) -> None:
+        self.timers.append(TimerOp((kind, group_id, member_id), deadline_ms))
+
+    def rollback(self) -> None:
+        for record in reversed(self.undo):
+            self.state.replay(record)
+        self.records.clear()
+        self.undo.clear()
+
+    def result(self, response: Any) -> Result:
+        return Result(response, self.records, self.timers, self.wake, self.undo)
+
+
+def _uuid_member_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _validate_assignors(assignors: Iterable[Any]) -> str | None:
+    names: set[str] = set()
+    for a in assignors:
+        if not a.name:
+            return "Assignor.Name must be non-empty."
+        if a.name in names:
+            return f"Assignor.Name {a.name!r} is listed twice."
+        names.add(a.name)
+        if a.minimum_version < -1:
+            return f"Assignor {a.name}: MinimumVersion must be >= -1."
+        if a.maximum_version < 0 or a.maximum_version < a.minimum_version:
+            return f"Assignor {a.name}: MaximumVersion must be >= 0 and >= MinimumVersion."
+        if not a.minimum_version <= a.metadata_version <= a.maximum_version:
+            return (
+                f"Assignor {a.name}: MetadataVersion must be within "
+                "[MinimumVersion, MaximumVersion]."
+            )
+    return None
+
+
+def _validate_items(connectors: Iterable[str] | None, tasks: Iterable[Any] | None, what: str) -> str | None:
+    for c in connectors or ():
+        if not c:
+            return f"{what}Connectors must not contain an empty name."
+    for t in tasks or ():
+        if not t.connector:
+            return f"{what}Tasks must not contain an empty connector name."
+        if t.task < 0:
+            return f"{what}Tasks must not contain a negative task id ({t.connector}/{t.task})."
+    return None
+
+
+def validate_heartbeat(req: ConnectGroupHeartbeatRequest) -> str | None:
+    """The INVALID_REQUEST message for a malformed heartbeat, or None (seed 000's rules)."""
+    epoch = req.member_epoch
+    if not req.group_id:
+        return "GroupId must be non-empty."
+    if epoch < -2:
+        return "MemberEpoch must be >= -2."
+    if epoch != 0 and not req.member_id:
+        return "MemberId must be non-empty unless MemberEpoch is 0."
+    if req.instance_id is not None and not req.instance_id:
+        return "InstanceId, if provided, must be non-empty."
+    if epoch == -2 and req.instance_id is None:
+        return "MemberEpoch -2 (a static member leaving for a while) requires an InstanceId."
+    if req.rebalance_timeout_ms != -1 and req.rebalance_timeout_ms <= 0:
+        return "RebalanceTimeoutMs must be -1 (unchanged) or larger than zero."
+    if req.max_wait_ms < 0:
+        return "MaxWaitMs must be >= 0."
+    if epoch == 0:
+        if req.rebalance_timeout_ms <= 0:
+            return "RebalanceTimeoutMs must be larger than zero in the first heartbeat request."
+        if not req.client_assignors:
+            return "ClientAssignors must be non-empty in the first heartbeat request."
+        if req.owned_connectors is None or req.owned_tasks is None:
+            return "OwnedConnectors and OwnedTasks must be non-null in the first heartbeat request."
+    if req.client_assignors is not None:
+        if not req.client_assignors:
+            return "ClientAssignors, if provided, must be non-empty."
+        problem = _validate_assignors(req.client_assignors)
+        if problem:
+            return problem
+    return _validate_items(req.owned_connectors, req.owned_tasks, "Owned")
+
+
+def _assignors_from(req_assignors: Iterable[Any]) -> tuple[AssignorSpec, ...]:
+    return tuple(
+        AssignorSpec(
+            name=a.name,
+            minimum_version=a.minimum_version,
+            maximum_version=a.maximum_version,
+            reason=a.reason,
+            metadata_version=a.metadata_version,
+            metadata_bytes=a.metadata_bytes,
+        )
+        for a in req_assignors
+    )
+
+
+def _ranges_overlap(a: AssignorSpec, b: AssignorSpec) -> bool:
+    return a.minimum_version <= b.maximum_version and b.minimum_version <= a.maximum_version
+
+
+def select_assignor(members: Iterable[MemberMetadata]) -> str | None:
+    """The client-side assignor every member supports, honouring the members' precedence.
+
+    Candidates are the names every member lists; the winner has the smallest sum of positions
+    in the members' lists (ties: name). With one common order this is the first common one.
+    """
+    members = list(members)
+    if not members:
+        return None
+    common: set[str] | None = None
+    for m in members:
+        names = {a.name for a in m.assignors}
+        common = names if common is None else common & names
+    if not common:
+        return None
+    rank = {name: 0 for name in common}
+    for m in members:
+        for position, a in enumerate(m.assignors):
+            if a.name in rank:
+                rank[a.name] += position
+    return min(common, key=lambda name: (rank[name], name))
+
+
+def eligible_assigners(members: Iterable[MemberMetadata], assignor: str) -> list[str]:
+    """Members whose [min, max] version range of ``assignor`` covers every member's range.
+
+    Seed 000: A[1-5], B[3-4], C[2-4] -> A.
+    """
+    specs: dict[str, AssignorSpec] = {}
+    for m in members:
+        for a in m.assignors:
+            if a.name == assignor:
+                specs[m.member_id] = a
+    if not specs:
+        return []
+    low = min(a.minimum_version for a in specs.values())
+    high = max(a.maximum_version for a in specs.values())
+    return sorted(
+        mid for mid, a in specs.items() if a.minimum_version <= low and a.maximum_version >= high
+    )
+
+
+class GroupCoordinator:
+    """The connect group state machine for the groups of one partition."""
+
+    def __init__(
+        self,
+        config: GroupCoordinatorConfig | None = None,
+        member_id_factory: Callable[[], str] = _uuid_member_id,
+        state: CoordinatorState | None = None,
+        strict: bool = False,
+    ) -> None:
+        self.config = config or GroupCoordinatorConfig()
+        self.new_member_id = member_id_factory
+        self.state = state or CoordinatorState()
+        self.strict = strict
+        """Re-raise internal errors instead of answering UNKNOWN_SERVER_ERROR (tests)."""
+
+    # == public API =================================================================================
+    def replay(self, record: rec.Record) -> None:
+        """Apply one record of the log (loading)."""
+        self.state.replay(record)
+
+    def rollback(self, result: Result) -> None:
+        """Undo ``result``'s records (its write failed)."""
+        for record in reversed(result.undo):
+            self.state.replay(record)
+
+    def group(self, group_id: str) -> Group | None:
+        return self.state.groups.get(group_id)
+
+    def heartbeat(
+        self,
+        req: ConnectGroupHeartbeatRequest,
+        now_ms: int,
+        ctx: RequestContext = RequestContext(),
+    ) -> Result:
+        problem = validate_heartbeat(req)
+        if problem:
+            return Result(self._hb_error(E.INVALID_REQUEST, problem, req))
+        return self._run(lambda txn: self._heartbeat(txn, req, now_ms, ctx),
+                         lambda code, msg: self._hb_error(code, msg, req))
+
+    def prepare_assignment(self, req: ConnectGroupPrepareAssignmentRequest, now_ms: int) -> Result:
+        return self._run(
+            lambda txn: self._prepare(txn, req, now_ms),
+            lambda code, msg: ConnectGroupPrepareAssignmentResponse(
+                error_code=code, error_message=msg, group_epoch=-1, assignment_epoch=-1,
+                assignor_name="", coordinator_time_ms=now_ms, assignor_state=b"",
+            ),
+        )
+
+    def install_assignment(self, req: ConnectGroupInstallAssignmentRequest, now_ms: int) -> Result:
+        return self._run(
+            lambda txn: self._install(txn, req, now_ms),
+            lambda code, msg: ConnectGroupInstallAssignmentResponse(
+                error_code=code, error_message=msg
+            ),
+        )
+
+    def alter_connectors(self, req: ConnectGroupAlterConnectorsRequest, now_ms: int) -> Result:
+        return self._run(
+            lambda txn: self._alter_connectors(txn, req, now_ms),
+            lambda code, msg: ConnectGroupAlterConnectorsResponse(
+                error_code=code, error_message=msg, group_epoch=-1
+            ),
+        )
+
+    def alter_group_config(
+        self, group_id: str, configs: dict[str, str | None], now_ms: int
+    ) -> Result:
+        """Set per-group overrides (a value of None removes one). Response: (code, message)."""
+        def run(txn: _Txn) -> tuple[int, str | None]:
+            if not group_id:
+                raise _Reject(E.INVALID_REQUEST, "GroupId must be non-empty.")
+            problem = self.config.validate_overrides(configs)
+            if problem:
+                raise _Reject(E.INVALID_CONFIG, problem)
+            g = self._get_or_create_group(txn, group_id, now_ms)
+            merged = dict(g.configs)
+            for name, value in configs.items():
+                if value is None:
+                    merged.pop(name, None)
+                else:
+                    merged[name] = value
+            if merged != g.configs:
+                txn.write(rec.group_configuration(group_id, merged) if merged
+                          else rec.tombstone(GroupConfigurationKey(group_id=group_id)))
+            return (0, None)
+
+        return self._run(run, lambda code, msg: (code, msg))
+
+    def on_timer(self, key: TimerKey, now_ms: int) -> Result:
+        """A timer set earlier expired at ``now_ms``."""
+        kind, group_id, member_id = key
+
+        def run(txn: _Txn) -> None:
+            g = self.state.groups.get(group_id)
+            if g is None:
+                return
+            if kind == SESSION:
+                self._on_session_expired(txn, g, member_id, now_ms)
+            elif kind == REBALANCE:
+                self._on_rebalance_expired(txn, g, member_id, now_ms)
+            elif kind == COMPUTE:
+                self._on_compute_expired(txn, g, now_ms)
+            elif kind == SCHEDULED:
+                self._on_scheduled(txn, g, now_ms)
+            elif kind == EXPIRE:
+                self._on_expire(txn, g, now_ms)
+            if group_id in self.state.groups:
+                self._after(txn, g, now_ms)
+
+        return self._run(run, lambda code, msg: None)
+
+    def on_loaded(self, now_ms: int) -> Result:
+        """After a load: fresh session timeouts, re-armed timers, computations restarted."""
+        txn = _Txn(self.state)
+        for g in self.state.groups.values():
+            soft = g.soft
+            soft.computation = None
+            soft.selection_epoch = -1
+            session_ms, _ = self.config.for_group(g.configs)
+            for mid in g.members:
+                self._touch_session(txn, g, mid, now_ms, session_ms)
+                cur = g.current.get(mid)
+                if cur is not None and cur.state == MemberState.UNREVOKED_ITEMS:
+                    self._arm_rebalance_timer(txn, g, mid, cur.epoch, now_ms)
+                if cur is not None and not cur.assigned <= g.configured:
+                    soft.dirty.add(mid)
+            if g.scheduled_rebalance_at_ms >= 0 and g.epoch == g.assignment_epoch:
+                txn.timer(SCHEDULED, g.group_id, "", g.scheduled_rebalance_at_ms)
+            self._after(txn, g, now_ms)
+        return txn.result(None)
+
+    def describe(self, req: ConnectGroupDescribeRequest, now_ms: int = 0) -> ConnectGroupDescribeResponse:
+        """Read-only. (The runtime serves it from committed state.)"""
+        return ConnectGroupDescribeResponse(
+            groups=tuple(self._describe_group(gid) for gid in req.group_ids)
+        )
+
+    def list_groups(self) -> list[tuple[str, str]]:
+        """(group id, state name) of every group."""
+        return [(gid, g.state.value) for gid, g in self.state.groups.items()]
+
+    def assignment_response(self, group_id: str, member_id: str) -> Any:
+        """What the member may run now, as a heartbeat ``Assignment`` (for the runtime)."""
+        g = self.state.groups.get(group_id)
+        if g is None or member_id not in g.current:
+            return None
+        return self._assignment(g, g.current[member_id])
+
+    # == plumbing =================================================================================
+    def _run(self, body: Callable[[_Txn], Any], error: Callable[[int, str], Any]) -> Result:
+        txn = _Txn(self.state)
+        try:
+            response = body(txn)
+        except _Reject as r:
+            return txn.result(error(r.code, r.message))
+        except (ReplayError, AssertionError, KeyError, ValueError, TypeError) as exc:
+            # A bug or a corrupt state must never crash the daemon nor leave half a change.
+            txn.rollback()
+            if self.strict:
+                raise
+            return Result(error(E.UNKNOWN_SERVER_ERROR, f"internal error: {exc!r}"))
+        return txn.result(response)
+
+    def _hb_error(self, code: int, message: str, req: ConnectGroupHeartbeatRequest) -> Any:
+        _, interval = self._timeouts(req.group_id)
+        return ConnectGroupHeartbeatResponse(
+            error_code=code, error_message=message, member_id=None,
+            member_epoch=req.member_epoch, heartbeat_interval_ms=interval,
+            should_compute_assignment=False,
+        )
+
+    def _timeouts(self, group_id: str) -> tuple[int, int]:
+        g = self.state.groups.get(group_id)
+        return self.config.for_group(g.configs if g is not None else {})
+
+    def _get_or_create_group(self, txn: _Txn, group_id: str, now_ms: int) -> Group:
+        g = self.state.groups.get(group_id)
+        if g is None or not g.has_metadata:
+            txn.write(rec.group_metadata(group_id, g.epoch if g is not None else 0))
+            g = self.state.groups[group_id]
+            self._maybe_arm_expiry(txn, g, now_ms)
+        return g
+
+    def _bump(self, txn: _Txn, g: Group) -> None:
+        txn.write(rec.group_metadata(g.group_id, g.epoch + 1))
+
+    # == heartbeat ==================================================================================
+    def _heartbeat(
+        self, txn: _Txn, req: ConnectGroupHeartbeatRequest, now_ms: int, ctx: RequestContext
+    ) -> Any:
+        epoch = req.member_epoch
+        if epoch == 0:
+            g, member_id, joined = self._join(txn, req, now_ms, ctx)
+        else:
+            g = self.state.groups.get(req.group_id)
+            member_id = req.member_id
+            if g is None or member_id not in g.members:
+                raise _Reject(
+                    E.UNKNOWN_MEMBER_ID,
+                    f"Member {member_id} is not a member of group {req.group_id}: "
+                    "rejoin with MemberEpoch 0.",
+                )
+            self._check_instance(g, member_id, req.instance_id)
+            if epoch == -1:
+                return self._leave(txn, g, member_id, now_ms)
+            if epoch == -2:
+                return self._static_leave(txn, g, member_id, now_ms)
+            self._check_epoch(txn, g, member_id, req, now_ms)
+            self._update_member(txn, g, member_id, req, ctx)
+            joined = False
+
+        owned = self._reported_owned(g, member_id, req)
+        before = g.current[member_id]
+        self._after(txn, g, now_ms)  # a computation may be needed before reconciling
+        self._reconcile(txn, g, member_id, owned, now_ms)
+        session_ms, interval_ms = self.config.for_group(g.configs)
+        self._touch_session(txn, g, member_id, now_ms, session_ms)
+        after = g.current[member_id]
+
+        full = (
+            req.rebalance_timeout_ms != -1 and req.client_assignors is not None
+            and req.owned_connectors is not None and req.owned_tasks is not None
+        )
+        changed = (
+            after.assigned != before.assigned or after.epoch != before.epoch
+            or after.metadata_bytes != before.metadata_bytes
+        )
+        comp = g.soft.computation
+        should_compute = (
+            comp is not None and comp.member_id == member_id and comp.prepared_epoch is None
+        )
+        if should_compute and comp is not None and not comp.notified:
+            self._notify_assigner(txn, g, comp, now_ms)
+        return ConnectGroupHeartbeatResponse(
+            member_id=member_id if epoch == 0 else None,
+            member_epoch=after.epoch,
+            heartbeat_interval_ms=interval_ms,
+            should_compute_assignment=should_compute,
+            assignment=self._assignment(g, after) if (joined or full or changed) else None,
+        )
+
+    def _assignment(self, g: Group, cur: CurrentAssignment) -> Any:
+        connectors, tasks = split_items(cur.assigned)
+        return _hb.Assignment(
+            error=g.assignment_error,
+            connectors=tuple(connectors),
+            tasks=tuple(_hb.TaskId(connector=t.connector, task=t.task) for t in tasks),
+            metadata_version=cur.metadata_version,
+            metadata_bytes=cur.metadata_bytes,
+        )
+
+    def _check_instance(self, g: Group, member_id: str, instance_id: str | None) -> None:
+        if instance_id is None:
+            return
+        holder = g.static_members.get(instance_id)
+        if holder is None:
+            raise _Reject(E.UNKNOWN_MEMBER_ID, f"Instance {instance_id} is unknown in group "
+                          f"{g.group_id}: rejoin with MemberEpoch 0.")
+        if holder != member_id:
+            raise _Reject(E.FENCED_INSTANCE_ID, f"Instance {instance_id} belongs to member "
+                          f"{holder}, not {member_id}.")
+
+    def _reported_owned(
+        self, g: Group, member_id: str, req: ConnectGroupHeartbeatRequest
+    ) -> frozenset[Item] | None:
+        """What the member runs, or None when this request does not say.
+
+        A list left null is unchanged since the member's last heartbeat, so one list in this
+        request plus the other from before is a full report. A request carrying neither list is
+        no evidence at all: it never acknowledges a revocation (Kafka's rule).
+        """
+        last = g.soft.reported_owned.get(member_id, (None, None))
+        if req.owned_connectors is None and req.owned_tasks is None:
+            return None
+        connectors = (
+            items_from_wire(req.owned_connectors, None)
+            if req.owned_connectors is not None else last[0]
+        )
+        tasks = items_from_wire(None, req.owned_tasks) if req.owned_tasks is not None else last[1]
+        g.soft.reported_owned[member_id] = (connectors, tasks)
+        if connectors is None or tasks is None:
+            return None
+        return connectors | tasks
+
+    def _check_epoch(
+        self, txn: _Txn, g: Group, member_id: str, req: ConnectGroupHeartbeatRequest, now_ms: int
+    ) -> None:
+        cur = g.current[member_id]
+        epoch = req.member_epoch
+        if epoch == cur.epoch:
+            return
+        if epoch < cur.epoch and epoch == cur.previous_epoch and cur.epoch >= 0:
+            # The response that moved the member on may have been lost: accept a full report
+            # of what it owns if that is a subset of its current assignment.
+            if req.owned_connectors is not None and req.owned_tasks is not None:
+                owned = items_from_wire(req.owned_connectors, req.owned_tasks)
+                if owned <= cur.assigned:
+                    return
+        self._fence(txn, g, member_id, now_ms, "fenced: stale member epoch")
+        self._after(txn, g, now_ms)
+        raise _Reject(
+            E.FENCED_MEMBER_EPOCH,
+            f"MemberEpoch {epoch} does not match the member's epoch {cur.epoch}: the member was "
+            "removed; abandon all work and rejoin with MemberEpoch 0 and the same MemberId.",
+        )
+
+    def _check_assignors(self, g: Group, member_id: str, assignors: tuple[AssignorSpec, ...]) -> None:
+        """UNSUPPORTED_ASSIGNOR unless the group can still select an assignor and every pair of
+        members' version ranges of it overlap."""
+        others = [m for mid, m in g.members.items() if mid != member_id]
+        if not others:
+            return
+        probe = MemberMetadata(member_id, None, None, "", "", 1, assignors)
+        name = select_assignor([*others, probe])
+        if name is None:
+            raise _Reject(E.UNSUPPORTED_ASSIGNOR, "None of the member's ClientAssignors is "
+                          f"supported by every member of group {g.group_id}.")
+        mine = next(a for a in assignors if a.name == name)
+        for m in others:
+            theirs = next(a for a in m.assignors if a.name == name)
+            if not _ranges_overlap(mine, theirs):
+                raise _Reject(
+                    E.UNSUPPORTED_ASSIGNOR,
+                    f"Assignor {name} version range [{mine.minimum_version}, "
+                    f"{mine.maximum_version}] does not overlap member {m.member_id}'s "
+                    f"[{theirs.minimum_version}, {theirs.maximum_version}].",
+                )
+
+    def _join(
+        self, txn: _Txn, req: ConnectGroupHeartbeatRequest, now_ms: int, ctx: RequestContext
+    ) -> tuple[Group, str, bool]:
+        member_id = req.member_id or self.new_member_id()
+        g = self.state.groups.get(req.group_id)
+        assignors = _assignors_from(req.client_assignors or ())
+        owned = items_from_wire(req.owned_connectors, req.owned_tasks)
+        if g is not None and req.instance_id is not None:
+            holder = g.static_members.get(req.instance_id)
+            if holder is not None and holder != member_id:
+                held = g.current.get(holder)
+                if held is None or held.epoch != -2:
+                    raise _Reject(
+                        E.UNRELEASED_INSTANCE_ID,
+                        f"Instance {req.instance_id} is still held by member {holder}; it must "
+                        "leave (or its session expire) before another member takes it.",
+                    )
+                self._check_assignors(g, holder, assignors)
+                self._replace_static(txn, g, holder, member_id, req, ctx, assignors, now_ms)
+                return g, member_id, True
+        existing = g.members.get(member_id) if g is not None else None
+        if existing is None:
+            if g is not None and len(g.members) >= self.config.max_size:
+                raise _Reject(E.GROUP_MAX_SIZE_REACHED,
+                              f"Group {req.group_id} has reached its maximum size "
+                              f"({self.config.max_size} members).")
+            if g is not None:
+                self._check_assignors(g, member_id, assignors)
+            g = self._get_or_create_group(txn, req.group_id, now_ms)
+            txn.write(rec.group_member(g.group_id, MemberMetadata(
+                member_id=member_id, instance_id=req.instance_id, worker_url=req.worker_url,
+                client_id=ctx.client_id, client_host=ctx.client_host,
+                rebalance_timeout_ms=req.rebalance_timeout_ms, assignors=assignors,
+            )))
+            self._write_current(txn, g, member_id, self._joining_assignment(
+                g, member_id, EMPTY, owned, NEW_MEMBER_ASSIGNMENT), now_ms)
+            self._bump(txn, g)
+            g.soft.empty_since_ms = None
+            return g, member_id, True
+        assert g is not None
+        # A known member rejoins with epoch 0 (KAFKA-19233: always allowed). It keeps its target;
+        # what it still holds is what it reports owning (a static member returning from -2
+        # takes back everything it held).
+        self._update_member(txn, g, member_id, req, ctx)
+        cur = g.current[member_id]
+        keep = cur.assigned if cur.epoch == -2 else owned & cur.owned
+        self._write_current(
+            txn, g, member_id, self._joining_assignment(g, member_id, keep, owned, cur), now_ms
+        )
+        return g, member_id, True
+
+    @staticmethod
+    def _joining_assignment(
+        g: Group, member_id: str, keep: frozenset[Item], owned: frozenset[Item],
+        cur: CurrentAssignment,
+    ) -> CurrentAssignment:
+        """A (re)joining member's current assignment at epoch 0: it keeps ``keep``; whatever
+        else it reports running that no other member owns is held as revoking until it says it
+        stopped it, so nobody else starts it meanwhile (a stale worker never causes a double
+        run the coordinator could prevent)."""
+        stray = frozenset(
+            i for i in owned - keep
+            if i in g.configured and g.owner.get(i, member_id) == member_id
+        )
+        return CurrentAssignment(
+            0, 0, MemberState.UNREVOKED_ITEMS if stray else MemberState.STABLE, keep, stray,
+            cur.metadata_version, cur.metadata_bytes,
+        )
+
+    def _replace_static(
+        self, txn: _Txn, g: Group, old_id: str, new_id: str, req: ConnectGroupHeartbeatRequest,
+        ctx: RequestContext, assignors: tuple[AssignorSpec, ...], now_ms: int,
+    ) -> None:
+        """A new member takes over a static member that left with -2: its target and what it
+        held move to the new member id."""
+        old_meta = g.members[old_id]
+        old_cur = g.current[old_id]
+        old_target = g.target.get(old_id)
+        self._remove_records(txn, g, old_id)
+        txn.write(rec.group_member(g.group_id, MemberMetadata(
+            member_id=new_id, instance_id=req.instance_id,
+            worker_url=req.worker_url if req.worker_url is not None else old_meta.worker_url,
+            client_id=ctx.client_id, client_host=ctx.client_host,
+            rebalance_timeout_ms=req.rebalance_timeout_ms, assignors=assignors,
+        )))
+        if old_target is not None:
+            txn.write(rec.target_member(g.group_id, new_id, old_target))
+        txn.write(rec.current_assignment(g.group_id, new_id, CurrentAssignment(
+            0, 0, MemberState.STABLE, old_cur.assigned, EMPTY,
+            old_cur.metadata_version, old_cur.metadata_bytes,
+        )))
+        self._forget_member(txn, g, old_id)
+        comp = g.soft.computation
+        if comp is not None and comp.member_id == old_id:
+            self._cancel_computation(txn, g)
+        if _assignor_signature(old_meta.assignors) != _assignor_signature(assignors):
+            self._bump(txn, g)
+
+    def _update_member(
+        self, txn: _Txn, g: Group, member_id: str, req: ConnectGroupHeartbeatRequest,
+        ctx: RequestContext,
+    ) -> None:
+        m = g.members[member_id]
+        assignors = m.assignors
+        if req.client_assignors is not None:
+            new = _assignors_from(req.client_assignors)
+            if _assignor_signature(new) != _assignor_signature(m.assignors):
+                self._check_assignors(g, member_id, new)
+            assignors = new
+        updated = MemberMetadata(
+            member_id=member_id,
+            instance_id=req.instance_id if req.instance_id is not None else m.instance_id,
+            worker_url=req.worker_url if req.worker_url is not None else m.worker_url,
+            client_id=ctx.client_id or m.client_id,
+            client_host=ctx.client_host or m.client_host,
+            rebalance_timeout_ms=(
+                req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0
+                else m.rebalance_timeout_ms
+            ),
+            assignors=assignors,
+        )
+        if updated != m:
+            txn.write(rec.group_member(g.group_id, updated))
+            if _assignor_signature(assignors) != _assignor_signature(m.assignors):
+                self._bump(txn, g)
+
+    def _reconcile(
+        self, txn: _Txn, g: Group, member_id: str, owned: frozenset[Item] | None, now_ms: int
+    ) -> None:
+        cur = g.current[member_id]
+        if cur.epoch < 0:
+            return
+        force = member_id in g.soft.dirty
+        target = g.target.get(member_id, EMPTY_TARGET)
+        owner = g.owner.get
+        nxt = next_assignment(member_id, cur, g.assignment_epoch, target, owned, owner, force)
+        if force and nxt.state != MemberState.UNREVOKED_ITEMS:
+            g.soft.dirty.discard(member_id)
+        if nxt != cur:
+            self._write_current(txn, g, member_id, nxt, now_ms)
+
+    def _write_current(
+        self, txn: _Txn, g: Group, member_id: str, nxt: CurrentAssignment, now_ms: int
+    ) -> None:
+        """Write a member's current assignment; wake whoever waits for what it released; keep
+        the rebalance (revocation) timer in step with the UnrevokedItems state."""
+        cur = g.current.get(member_id)
+        if cur == nxt:
+            return
+        released = cur.owned - nxt.owned if cur is not None else EMPTY
+        txn.write(rec.current_assignment(g.group_id, member_id, nxt))
+        self._wake_for(txn, g, released)
+        was_revoking = cur is not None and cur.state == MemberState.UNREVOKED_ITEMS
+        if nxt.state == MemberState.UNREVOKED_ITEMS:
+            if not was_revoking or cur is None or cur.revoking != nxt.revoking:
+                self._arm_rebalance_timer(txn, g, member_id, nxt.epoch, now_ms)
+        elif was_revoking:
+            g.soft.rebalance_deadline.pop(member_id, None)
+            txn.timer(REBALANCE, g.group_id, member_id, None)
+
+    def _wake_for(self, txn: _Txn, g: Group, released: Iterable[Item]) -> None:
+        for item in released:
+            waiter = g.target_owner.get(item)
+            if waiter is not None:
+                txn.wake.add((g.group_id, waiter))
+
+    def _arm_rebalance_timer(
+        self, txn: _Txn, g: Group, member_id: str, epoch: int, now_ms: int
+    ) -> None:
+        deadline = now_ms + g.members[member_id].rebalance_timeout_ms
+        g.soft.rebalance_deadline[member_id] = (epoch, deadline)
+        txn.timer(REBALANCE, g.group_id, member_id, deadline)
+
+    def _touch_session(
+        self, txn: _Txn, g: Group, member_id: str, now_ms: int, session_ms: int
+    ) -> None:
+        deadline = now_ms + session_ms
+        g.soft.session_deadline[member_id] = deadline
+        txn.timer(SESSION, g.group_id, member_id, deadline)
+
+    # == leaving and fencing ========================================================================
+    def _leave(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> Any:
+        self._fence(txn, g, member_id, now_ms, "left the group")
+        self._after(txn, g, now_ms)
+        _, interval = self.config.for_group(g.configs)
+        return ConnectGroupHeartbeatResponse(
+            member_id=member_id, member_epoch=-1, heartbeat_interval_ms=interval,
+            should_compute_assignment=False,
+        )
+
+    def _static_leave(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> Any:
+        """-2: keep the work held (no epoch bump) until the session expires or the instance
+        returns. The session timer is left as it is."""
+        cur = g.current[member_id]
+        if cur.epoch != -2:
+            self._write_current(txn, g, member_id, CurrentAssignment(
+                -2, cur.epoch, MemberState.STABLE, cur.assigned, EMPTY,
+                cur.metadata_version, cur.metadata_bytes,
+            ), now_ms)
+        comp = g.soft.computation
+        if comp is not None and comp.member_id == member_id:
+            self._cancel_computation(txn, g)
+        self._after(txn, g, now_ms)
+        _, interval = self.config.for_group(g.configs)
+        return ConnectGroupHeartbeatResponse(
+            member_id=member_id, member_epoch=-2, heartbeat_interval_ms=interval,
+            should_compute_assignment=False,
+        )
+
+    def _remove_records(self, txn: _Txn, g: Group, member_id: str) -> None:
+        released = g.current[member_id].owned if member_id in g.current else EMPTY
+        txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=g.group_id, member_id=member_id)))
+        if member_id in g.target:
+            txn.write(rec.tombstone(
+                TargetAssignmentMemberKey(group_id=g.group_id, member_id=member_id)))
+        txn.write(rec.tombstone(GroupMemberKey(group_id=g.group_id, member_id=member_id)))
+        self._wake_for(txn, g, released)
+
+    def _forget_member(self, txn: _Txn, g: Group, member_id: str) -> None:
+        soft = g.soft
+        soft.session_deadline.pop(member_id, None)
+        soft.rebalance_deadline.pop(member_id, None)
+        soft.reported_owned.pop(member_id, None)
+        soft.dirty.discard(member_id)
+        txn.timer(SESSION, g.group_id, member_id, None)
+        txn.timer(REBALANCE, g.group_id, member_id, None)
+
+    def _fence(self, txn: _Txn, g: Group, member_id: str, now_ms: int, reason: str) -> None:
+        """Remove a member (leave, session expiry, revocation timeout, stale epoch): tombstones
+        in Kafka's order, then a group epoch bump."""
+        self._remove_records(txn, g, member_id)
+        self._forget_member(txn, g, member_id)
+        comp = g.soft.computation
+        if comp is not None and comp.member_id == member_id:
+            self._cancel_computation(txn, g)
+        self._bump(txn, g)
+        if not g.members:
+            g.soft.empty_since_ms = now_ms
+
+    # == assignment computation =====================================================================
+    def _selection(self, g: Group) -> tuple[str | None, tuple[str, ...]]:
+        soft = g.soft
+        if soft.selection_epoch != g.epoch:
+            members = list(g.members.values())
+            name = select_assignor(members)
+            soft.selected_assignor = name
+            soft.eligible = tuple(eligible_assigners(members, name)) if name else ()
+            soft.selection_epoch = g.epoch
+            if not members:
+                soft.assigner_error = None
+            elif name is None:
+                soft.assigner_error = "no client-side assignor is supported by every member"
+            elif not soft.eligible:
+                soft.assigner_error = (
+                    f"no member's {name} version range covers every other member's"
+                )
+            else:
+                soft.assigner_error = None
+        return soft.selected_assignor, soft.eligible
+
+    def _after(self, txn: _Txn, g: Group, now_ms: int) -> None:
+        """Bring the group's bookkeeping in line after a change: catch the assignment epoch up
+        in an empty group (KAFKA-20442), choose a member to compute when one is needed."""
+        if not g.members:
+            if g.epoch > g.assignment_epoch or not g.has_target_metadata:
+                txn.write(rec.target_metadata(
+                    g.group_id, g.epoch, 0, g.assignor_state, g.scheduled_rebalance_at_ms))
+            if g.soft.computation is not None:
+                self._cancel_computation(txn, g)
+            self._maybe_arm_expiry(txn, g, now_ms)
+            return
+        if g.epoch <= g.assignment_epoch:
+            return
+        comp = g.soft.computation
+        if comp is not None and comp.member_id in g.members:
+            # FIX (tests): the chosen worker stays chosen only while it is eligible (seed 000
+            # "Worker Selection": it must handle every member's version range). A member with a
+            # wider range may have joined since it was chosen; unless it already prepared (it
+            # is computing for an epoch it covered), choose again.
+            if comp.prepared_epoch is not None or comp.member_id in self._selection(g)[1]:
+                return
+            self._cancel_computation(txn, g)
+        self._choose_assigner(txn, g, now_ms, exclude=None)
+
+    def _choose_assigner(self, txn: _Txn, g: Group, now_ms: int, exclude: str | None) -> None:
+        _, eligible = self._selection(g)
+        candidates = [
+            m for m in eligible
+            if m != exclude and g.current.get(m, NEW_MEMBER_ASSIGNMENT).epoch != -2
+        ]
+        if not candidates and exclude is not None and exclude in eligible:
+            candidates = [exclude]  # the only one able to: let it try again
+        if not candidates:
+            g.soft.computation = None
+            return
+        last = g.soft.last_assigner
+        chosen = last if last in candidates else candidates[0]
+        g.soft.computation = Computation(member_id=chosen)
+        g.soft.last_assigner = chosen
+        txn.wake.add((g.group_id, chosen))
+
+    def _notify_assigner(self, txn: _Txn, g: Group, comp: Computation, now_ms: int) -> None:
+        """The chosen member is told: its rebalance timeout starts now."""
+        timeout = max(g.members[comp.member_id].rebalance_timeout_ms,
+                      self.config.assignment_timeout_floor_ms)
+        comp.notified = True
+        comp.deadline_ms = now_ms + timeout
+        txn.timer(COMPUTE, g.group_id, "", comp.deadline_ms)
+
+    def _cancel_computation(self, txn: _Txn, g: Group) -> None:
+        g.soft.computation = None
+        txn.timer(COMPUTE, g.group_id, "", None)
+
+    def _prepare(self, txn: _Txn, req: ConnectGroupPrepareAssignmentRequest, now_ms: int) -> Any:
+        g, comp = self._check_assigner(req.group_id, req.member_id, req.member_epoch)
+        name, _ = self._selection(g)
+        if not comp.notified:
+            self._notify_assigner(txn, g, comp, now_ms)
+        comp.prepared_epoch = g.epoch
+        comp.prepared_members = frozenset(g.members)
+        comp.prepared_items = frozenset(g.configured)
+        members = []
+        for mid, m in g.members.items():
+            spec = next((a for a in m.assignors if a.name == name), None)
+            cur = g.current[mid]
+            tc, tt = split_items(g.target_items(mid))
+            oc, ot = split_items(cur.owned)
+            members.append(_prep.Member(
+                member_id=mid, member_epoch=cur.epoch, instance_id=m.instance_id,
+                worker_url=m.worker_url,
+                reason=spec.reason if spec else 0,
+                metadata_version=spec.metadata_version if spec else 0,
+                metadata_bytes=spec.metadata_bytes if spec else b"",
+                target_connectors=tuple(tc),
+                target_tasks=tuple(_prep.TaskId(connector=t.connector, task=t.task) for t in tt),
+                owned_connectors=tuple(oc),
+                owned_tasks=tuple(_prep.TaskId(connector=t.connector, task=t.task) for t in ot),
+            ))
+        return ConnectGroupPrepareAssignmentResponse(
+            group_epoch=g.epoch,
+            assignment_epoch=g.assignment_epoch,
+            assignor_name=name or "",
+            coordinator_time_ms=now_ms,
+            assignor_state=g.assignor_state,
+            connectors=tuple(
+                _prep.ConnectorSpec(
+                    name=c.name, task_count=c.task_count,
+                    config=tuple(_prep.ConfigEntry(name=k, value=v) for k, v in c.config),
+                )
+                for c in sorted(g.connectors.values(), key=lambda c: c.name)
+            ),
+            members=tuple(members),
+        )
+
+    def _check_assigner(self, group_id: str, member_id: str, epoch: int) -> tuple[Group, Computation]:
+        """Seed 000's checks for Prepare/InstallAssignment, in its order."""
+        if not group_id:
+            raise _Reject(E.INVALID_REQUEST, "GroupId must be non-empty.")
+        if not member_id:
+            raise _Reject(E.INVALID_REQUEST, "MemberId must be non-empty.")
+        if epoch < 0:
+            raise _Reject(E.INVALID_REQUEST, "MemberEpoch must be >= 0.")
+        g = self.state.groups.get(group_id)
+        if g is None:
+            raise _Reject(E.GROUP_ID_NOT_FOUND, f"Group {group_id} does not exist.")
+        cur = g.current.get(member_id)
+        if member_id not in g.members or cur is None:
+            raise _Reject(E.UNKNOWN_MEMBER_ID, f"Member {member_id} is not in group {group_id}.")
+        if cur.epoch != epoch:
+            raise _Reject(
+                E.FENCED_MEMBER_EPOCH,
+                f"MemberEpoch {epoch} does not match the member's epoch {cur.epoch}; retry after "
+                "the next heartbeat.",
+            )
+        comp = g.soft.computation
+        if comp is None or comp.member_id != member_id:
+            raise _Reject(
+                E.UNKNOWN_MEMBER_ID,
+                f"Member {member_id} is not the member chosen to compute the assignment of "
+                f"group {group_id}.",
+            )
+        return g, comp
+
+    def _install(self, txn: _Txn, req: ConnectGroupInstallAssignmentRequest, now_ms: int) -> Any:
+        if req.scheduled_rebalance_delay_ms < -1:
+            raise _Reject(E.INVALID_REQUEST, "ScheduledRebalanceDelayMs must be >= -1.")
+        seen: set[str] = set()
+        for m in req.members:
+            if not m.member_id:
+                raise _Reject(E.INVALID_REQUEST, "Members[].MemberId must be non-empty.")
+            if m.member_id in seen:
+                raise _Reject(E.INVALID_REQUEST, f"Member {m.member_id} is listed twice.")
+            seen.add(m.member_id)
+            problem = _validate_items(m.connectors, m.tasks, "Members[].")
+            if problem:
+                raise _Reject(E.INVALID_REQUEST, problem)
+        g, comp = self._check_assigner(req.group_id, req.member_id, req.member_epoch)
+        if comp.prepared_epoch is None or comp.prepared_epoch != req.group_epoch:
+            raise _Reject(
+                E.INVALID_ASSIGNMENT,
+                f"GroupEpoch {req.group_epoch} is not the epoch of the PrepareAssignment in "
+                f"flight ({comp.prepared_epoch}); call PrepareAssignment again.",
+            )
+        if comp.prepared_epoch <= g.assignment_epoch:
+            raise _Reject(E.INVALID_ASSIGNMENT,
+                          f"Group epoch {comp.prepared_epoch} already has an assignment.")
+        targets: dict[str, TargetMember] = {}
+        if req.error == 0:
+            targets = self._validate_assignment(g, comp, req)
+        # Install, even if the group moved on: restricted to today's members and items.
+        delay = req.scheduled_rebalance_delay_ms
+        scheduled_at = now_ms + delay if delay >= 0 else -1
+        if req.error == 0:
+            for mid in list(g.members):
+                new = targets.get(mid, EMPTY_TARGET)
+                new = TargetMember(new.items & g.configured, new.metadata_version,
+                                   new.metadata_bytes)
+                if new != g.target.get(mid, EMPTY_TARGET) or mid not in g.target:
+                    txn.write(rec.target_member(g.group_id, mid, new))
+            state = req.assignor_state
+        else:
+            state = g.assignor_state  # the assignor failed: the current target stays
+        txn.write(rec.target_metadata(
+            g.group_id, comp.prepared_epoch, req.error, state, scheduled_at))
+        txn.timer(SCHEDULED, g.group_id, "", scheduled_at if scheduled_at >= 0 else None)
+        self._cancel_computation(txn, g)
+        for mid in g.members:
+            txn.wake.add((g.group_id, mid))
+        self._after(txn, g, now_ms)  # a newer epoch: the next computation starts right away
+        return ConnectGroupInstallAssignmentResponse()
+
+    def _validate_assignment(
+        self, g: Group, comp: Computation, req: ConnectGroupInstallAssignmentRequest
+    ) -> dict[str, TargetMember]:
+        """Seed 000 "Assignment Validation", against the metadata the assignment was computed
+        from: every item assigned, none twice, every member id valid."""
+        targets: dict[str, TargetMember] = {}
+        where: dict[Item, str] = {}
+        for m in req.members:
+            if m.member_id not in comp.prepared_members:
+                raise _Reject(E.INVALID_ASSIGNMENT,
+                              f"Member {m.member_id} was not a member of the group at epoch "
+                              f"{comp.prepared_epoch}.")
+            items = items_from_wire(m.connectors, m.tasks)
+            if len(items) != len(m.connectors) + len(m.tasks):
+                raise _Reject(E.INVALID_ASSIGNMENT,
+                              f"Member {m.member_id} is assigned the same item twice.")
+            for item in items:
+                if item in where:
+                    raise _Reject(E.INVALID_ASSIGNMENT,
+                                  f"{item} is assigned to both {where[item]} and {m.member_id}.")
+                where[item] = m.member_id
+            targets[m.member_id] = TargetMember(items, m.metadata_version, m.metadata_bytes)
+        assigned = set(where)
+        unknown = assigned - comp.prepared_items
+        if unknown:
+            names = ", ".join(sorted(str(i) for i in unknown)[:5])
+            raise _Reject(E.INVALID_ASSIGNMENT, f"Unknown connectors/tasks assigned: {names}.")
+        missing = comp.prepared_items - assigned
+        if missing:
+            names = ", ".join(sorted(str(i) for i in missing)[:5])
+            raise _Reject(E.INVALID_ASSIGNMENT,
+                          f"{len(missing)} connectors/tasks are not assigned: {names}.")
+        return targets
+
+    # == timers =====================================================================================
+    def _on_session_expired(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
+        deadline = g.soft.session_deadline.get(member_id)
+        if member_id not in g.members or deadline is None or deadline > now_ms:
+            return
+        self._fence(txn, g, member_id, now_ms, "session expired")
+
+    def _on_rebalance_expired(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
+        armed = g.soft.rebalance_deadline.get(member_id)
+        cur = g.current.get(member_id)
+        if armed is None or cur is None or armed[1] > now_ms:
+            return
+        if cur.state == MemberState.UNREVOKED_ITEMS and cur.epoch == armed[0]:
+            self._fence(txn, g, member_id, now_ms, "did not revoke within its rebalance timeout")
+
+    def _on_compute_expired(self, txn: _Txn, g: Group, now_ms: int) -> None:
+        comp = g.soft.computation
+        if comp is None or comp.deadline_ms is None or comp.deadline_ms > now_ms:
+            return
+        txn.timer(COMPUTE, g.group_id, "", None)
+        self._choose_assigner(txn, g, now_ms, exclude=comp.member_id)
+
+    def _on_scheduled(self, txn: _Txn, g: Group, now_ms: int) -> None:
+        at = g.scheduled_rebalance_at_ms
+        if at < 0 or at > now_ms or g.epoch != g.assignment_epoch or not g.members:
+            return
+        self._bump(txn, g)
+
+    def _maybe_arm_expiry(self, txn: _Txn, g: Group, now_ms: int) -> None:
+        if g.members or g.connectors:
+            return
+        if g.soft.empty_since_ms is None:
+            g.soft.empty_since_ms = now_ms
+        txn.timer(EXPIRE, g.group_id, "", g.soft.empty_since_ms + self.config.empty_group_retention_ms)
+
+    def _on_expire(self, txn: _Txn, g: Group, now_ms: int) -> None:
+        since = g.soft.empty_since_ms
+        if g.members or g.connectors or since is None:
+            return
+        if since + self.config.empty_group_retention_ms > now_ms:
+            return
+        gid = g.group_id
+        if g.configs:
+            txn.write(rec.tombstone(GroupConfigurationKey(group_id=gid)))
+        if g.connectors_epoch:
+            txn.write(rec.tombstone(GroupConnectorsKey(group_id=gid)))
+        if g.has_target_metadata:
+            txn.write(rec.tombstone(TargetAssignmentMetadataKey(group_id=gid)))
+        txn.write(rec.tombstone(GroupMetadataKey(group_id=gid)))
+
+    # == admin ======================================================================================
+    def _alter_connectors(
+        self, txn: _Txn, req: ConnectGroupAlterConnectorsRequest, now_ms: int
+    ) -> Any:
+        if not req.group_id:
+            raise _Reject(E.INVALID_REQUEST, "GroupId must be non-empty.")
+        names: set[str] = set()
+        for spec in req.upserts:
+            if not spec.name:
+                raise _Reject(E.INVALID_REQUEST, "Upserts[].Name must be non-empty.")
+            if "/" in spec.name:
+                raise _Reject(E.INVALID_REQUEST,
+                              f"Connector name {spec.name!r} must not contain '/'.")
+            if spec.name in names:
+                raise _Reject(E.INVALID_REQUEST, f"Connector {spec.name} is listed twice.")
+            names.add(spec.name)
+            if spec.task_count < 0:
+                raise _Reject(E.INVALID_REQUEST,
+                              f"Connector {spec.name}: TaskCount must be >= 0.")
+            keys = [c.name for c in spec.config]
+            if any(not k for k in keys) or len(set(keys)) != len(keys):
+                raise _Reject(E.INVALID_REQUEST,
+                              f"Connector {spec.name}: config names must be non-empty and unique.")
+        g = self.state.groups.get(req.group_id)
+        current = dict(g.connectors) if g is not None else {}
+        for name in req.deletes:
+            if name in names:
+                raise _Reject(E.INVALID_REQUEST, f"Connector {name} is both upserted and deleted.")
+            if name not in current:
+                raise _Reject(E.INVALID_REQUEST,
+                              f"Connector {name} does not exist in group {req.group_id}.")
+        updated = dict(current)
+        for name in req.deletes:
+            del updated[name]
+        for spec in req.upserts:
+            updated[spec.name] = ConnectorSpec(
+                spec.name, spec.task_count, tuple((c.name, c.value) for c in spec.config)
+            )
+        epoch = g.epoch if g is not None else 0
+        if req.validate_only or updated == current:
+            if not req.validate_only and g is None:
+                g = self._get_or_create_group(txn, req.group_id, now_ms)
+            return ConnectGroupAlterConnectorsResponse(group_epoch=epoch)
+        g = self._get_or_create_group(txn, req.group_id, now_ms)
+        # A change of connectors or task counts is a change of group metadata: bump the epoch.
+        # A group without members has nothing to assign, so its epoch stays.
+        bump = bool(g.members)
+        txn.write(rec.group_connectors(g.group_id, g.epoch + bump, updated.values()))
+        if bump:
+            self._bump(txn, g)
+        # Targets only ever hold configured items: strip what was removed, now.
+        removed = {i for c in current.values() for i in c.items()} - g.configured
+        affected = {g.target_owner[i] for i in removed if i in g.target_owner}
+        for mid in sorted(affected):
+            t = g.target[mid]
+            txn.write(rec.target_member(g.group_id, mid, TargetMember(
+                t.items - removed, t.metadata_version, t.metadata_bytes)))
+        for item in removed:
+            holder = g.owner.get(item)
+            if holder is not None:
+                g.soft.dirty.add(holder)
+                txn.wake.add((g.group_id, holder))
+        if g.connectors:
+            g.soft.empty_since_ms = None
+        self._after(txn, g, now_ms)
+        return ConnectGroupAlterConnectorsResponse(group_epoch=g.epoch)
+
+    def _describe_group(self, group_id: str) -> Any:
+        g = self.state.groups.get(group_id)
+        if not group_id:
+            return _desc.DescribedGroup(
+                error_code=E.INVALID_GROUP_ID, error_message="GroupId must be non-empty.",
+                group_id=group_id, group_state=GroupState.DEAD.value, group_epoch=-1,
+                assignment_epoch=-1, assignor_name=None, assigning_member_id=None,
+            )
+        if g is None:
+            return _desc.DescribedGroup(
+                error_code=E.GROUP_ID_NOT_FOUND, error_message=f"Group {group_id} does not exist.",
+                group_id=group_id, group_state=GroupState.DEAD.value, group_epoch=-1,
+                assignment_epoch=-1, assignor_name=None, assigning_member_id=None,
+            )
+        name, _ = self._selection(g)
+        comp = g.soft.computation
+        code, message = 0, None
+        if g.soft.assigner_error and g.epoch > g.assignment_epoch:
+            code, message = E.NO_ASSIGNOR_COVERS_GROUP, g.soft.assigner_error
+
+        def assignment(items: frozenset[Item]) -> Any:
+            connectors, tasks = split_items(items)
+            return _desc.Assignment(
+                connectors=tuple(connectors),
+                tasks=tuple(_desc.TaskId(connector=t.connector, task=t.task) for t in tasks),
+            )
+
+        members = []
+        for mid, m in g.members.items():
+            cur = g.current.get(mid, NEW_MEMBER_ASSIGNMENT)
+            members.append(_desc.Member(
+                member_id=mid, instance_id=m.instance_id, worker_url=m.worker_url,
+                client_id=m.client_id, client_host=m.client_host, member_epoch=cur.epoch,
+                member_state=cur.state.label, assignment=assignment(cur.assigned),
+                target_assignment=assignment(g.target_items(mid)),
+            ))
+        return _desc.DescribedGroup(
+            error_code=code, error_message=message, group_id=group_id,
+            group_state=g.state.value, group_epoch=g.epoch,
+            assignment_epoch=g.assignment_epoch, assignor_name=name,
+            assigning_member_id=comp.member_id if comp is not None else None,
+            connectors=tuple(
+                _desc.ConnectorSpec(
+                    name=c.name, task_count=c.task_count,
+                    config=tuple(_desc.ConfigEntry(name=k, value=v) for k, v in c.config),
+                )
+                for c in sorted(g.connectors.values(), key=lambda c: c.name)
+            ),
+            members=tuple(members),
+        )
+
+
+def _assignor_signature(assignors: Iterable[AssignorSpec]) -> tuple[AssignorSpec, ...]:
+    """What of a member's assignors triggers a rebalance when it changes: all of it."""
+    return tuple(assignors)
+
+
+__all__ = [
+    "COMPUTE",
+    "CONNECTOR",
+    "EXPIRE",
+    "REBALANCE",
+    "SCHEDULED",
+    "SESSION",
+    "GroupCoordinator",
+    "RequestContext",
+    "Result",
+    "TimerKey",
+    "TimerOp",
+    "select_assignor",
+    "eligible_assigners",
+    "validate_heartbeat",
+]

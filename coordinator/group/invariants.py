@@ -1,0 +1,128 @@
+"""The invariants of the connect group state, as one function.
+
+The tests call it after every step, and so does the simulation. It scans everything (O(state)),
+so the daemon never calls it on a hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model import Group, GroupState, Item, MemberState
+from .state import CoordinatorState
+
+
+class InvariantViolation(AssertionError):
+    """The state broke a rule that must always hold."""
+
+
+def check_invariants(state: CoordinatorState, previous: dict[str, Any] | None = None) -> None:
+    """Raise :class:`InvariantViolation` listing every broken rule.
+
+    ``previous`` is an earlier :func:`epochs` of the same state, to check that epochs never go
+    backwards.
+    """
+    problems: list[str] = []
+    for gid, g in state.groups.items():
+        problems += [f"group {gid}: {p}" for p in _group_problems(g)]
+    if previous is not None:
+        problems += _epoch_problems(previous, epochs(state))
+    if problems:
+        raise InvariantViolation("\n".join(problems))
+
+
+def _group_problems(g: Group) -> list[str]:
+    out: list[str] = []
+    # 1. No connector or task in two members' owned sets.
+    owner: dict[Item, str] = {}
+    for mid, cur in g.current.items():
+        if cur.assigned & cur.revoking:
+            out.append(f"{mid} both runs and revokes {sorted(map(str, cur.assigned & cur.revoking))}")
+        for item in cur.owned:
+            if item in owner:
+                out.append(f"{item} owned by both {owner[item]} and {mid}")
+            owner[item] = mid
+    # 2. Targets only contain configured items, none twice.
+    configured = {i for c in g.connectors.values() for i in c.items()}
+    in_target: dict[Item, str] = {}
+    for mid, t in g.target.items():
+        extra = t.items - configured
+        if extra:
+            out.append(f"target of {mid} holds unconfigured {sorted(map(str, extra))[:5]}")
+        for item in t.items:
+            if item in in_target:
+                out.append(f"{item} in the targets of both {in_target[item]} and {mid}")
+            in_target[item] = mid
+    # 3. Epochs: assignment <= group; a member's epoch never exceeds the assignment epoch.
+    if g.assignment_epoch > g.epoch:
+        out.append(f"assignment epoch {g.assignment_epoch} > group epoch {g.epoch}")
+    for mid, cur in g.current.items():
+        if cur.epoch > g.assignment_epoch:
+            out.append(f"{mid} epoch {cur.epoch} > assignment epoch {g.assignment_epoch}")
+        if cur.epoch < -2:
+            out.append(f"{mid} has impossible epoch {cur.epoch}")
+        # Member state matches its sets.
+        if cur.state == MemberState.UNREVOKED_ITEMS and not cur.revoking:
+            out.append(f"{mid} is UnrevokedItems with nothing to revoke")
+        if cur.state != MemberState.UNREVOKED_ITEMS and cur.revoking:
+            out.append(f"{mid} revokes {len(cur.revoking)} items in state {cur.state.label}")
+    # 4. Members, current and target assignments describe the same members.
+    if set(g.current) != set(g.members):
+        out.append(f"members {sorted(g.members)} vs current assignments {sorted(g.current)}")
+    if not set(g.target) <= set(g.members):
+        out.append(f"targets for non-members {sorted(set(g.target) - set(g.members))}")
+    # 5. Derived indexes equal a recomputation.
+    if owner != g.owner:
+        out.append("owner index differs from the current assignments")
+    if in_target != g.target_owner:
+        out.append("target owner index differs from the targets")
+    if configured != g.configured:
+        out.append("configured index differs from the connectors")
+    statics = {m.instance_id: mid for mid, m in g.members.items() if m.instance_id is not None}
+    if statics != g.static_members:
+        out.append("static member index differs from the members")
+    if len(statics) != sum(1 for m in g.members.values() if m.instance_id is not None):
+        out.append("two members share an instance id")
+    # 6. The group state matches the members.
+    unreconciled = {m for m in g.members if not g.is_reconciled(m)}
+    if unreconciled != g.unreconciled:
+        out.append(f"unreconciled index {sorted(g.unreconciled)} != {sorted(unreconciled)}")
+    expected = (
+        GroupState.EMPTY if not g.members
+        else GroupState.ASSIGNING if g.epoch > g.assignment_epoch
+        else GroupState.RECONCILING if unreconciled
+        else GroupState.STABLE
+    )
+    if g.state != expected:
+        out.append(f"state {g.state.value} != {expected.value}")
+    if not g.members and g.has_target_metadata and g.assignment_epoch != g.epoch:
+        out.append(f"empty group with assignment epoch {g.assignment_epoch} != {g.epoch}")
+    return out
+
+
+def epochs(state: CoordinatorState) -> dict[str, Any]:
+    """The epochs of every group and member, for :func:`check_invariants`'s ``previous``."""
+    return {
+        gid: (g.epoch, g.assignment_epoch, {m: c.epoch for m, c in g.current.items()})
+        for gid, g in state.groups.items()
+    }
+
+
+def _epoch_problems(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    out = []
+    for gid, (epoch, assignment_epoch, members) in before.items():
+        if gid not in after:
+            continue
+        new_epoch, new_assignment_epoch, new_members = after[gid]
+        if new_epoch < epoch:
+            out.append(f"group {gid}: group epoch went back {epoch} -> {new_epoch}")
+        if new_assignment_epoch < assignment_epoch:
+            out.append(f"group {gid}: assignment epoch went back {assignment_epoch} -> "
+                       f"{new_assignment_epoch}")
+        for mid, e in members.items():
+            n = new_members.get(mid)
+            # A member may restart at 0 (rejoin) or park at -2 (static leave); otherwise its
+            # epoch only moves forward.
+            if n is not None and n not in (0, -2) and e >= 0 and n < e:
+                out.append(f"group {gid}: member {mid} epoch went back {e} -> {n}")
+    return out

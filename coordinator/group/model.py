@@ -1,0 +1,249 @@
+"""The connect group data model (seed 000 "Data Model"), as plain values.
+
+A unit of work is an *item*: ``(connector, -1)`` is the connector itself, ``(connector, i)`` is
+its task ``i``. One set type for both keeps the reconciliation rules written once; the wire
+keeps its two lists (``Connectors``, ``Tasks``) and :func:`items_from_wire` /
+:func:`split_items` convert.
+
+Durable state lives in :class:`Group` and only changes by replaying records
+(``coordinator.group.state``). Everything a :class:`Group` holds that is not derived from
+records is in :class:`SoftState` and is rebuilt (with fresh deadlines) after a load.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+CONNECTOR = -1
+
+
+class Item(NamedTuple):
+    """A connector (``task == -1``) or one of its tasks."""
+
+    connector: str
+    task: int
+
+    def __str__(self) -> str:
+        return self.connector if self.task == CONNECTOR else f"{self.connector}/{self.task}"
+
+
+EMPTY: frozenset[Item] = frozenset()
+
+
+def items_from_wire(connectors: Iterable[str] | None, tasks: Iterable[Any] | None) -> frozenset[Item]:
+    """Items from wire lists (``tasks`` holds objects with ``connector`` and ``task``)."""
+    out = {Item(c, CONNECTOR) for c in connectors or ()}
+    out.update(Item(t.connector, t.task) for t in tasks or ())
+    return frozenset(out)
+
+
+def split_items(items: Iterable[Item]) -> tuple[list[str], list[Item]]:
+    """(sorted connector names, sorted task items) of ``items``."""
+    connectors = sorted(i.connector for i in items if i.task == CONNECTOR)
+    tasks = sorted(i for i in items if i.task != CONNECTOR)
+    return connectors, tasks
+
+
+def connector_items(name: str, task_count: int) -> list[Item]:
+    """The connector item and its tasks."""
+    return [Item(name, CONNECTOR), *(Item(name, t) for t in range(task_count))]
+
+
+class MemberState(enum.IntEnum):
+    """A member's reconciliation state (PROTOCOL.md ``MemberState``)."""
+
+    STABLE = 0
+    UNREVOKED_ITEMS = 1
+    UNRELEASED_ITEMS = 2
+
+    @property
+    def label(self) -> str:
+        return {0: "Stable", 1: "UnrevokedItems", 2: "UnreleasedItems"}[self.value]
+
+
+class GroupState(enum.Enum):
+    EMPTY = "Empty"
+    ASSIGNING = "Assigning"
+    RECONCILING = "Reconciling"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@dataclass(frozen=True, slots=True)
+class AssignorSpec:
+    """One client-side assignor a worker supports (PROTOCOL.md ``Assignor``)."""
+
+    name: str
+    minimum_version: int
+    maximum_version: int
+    reason: int
+    metadata_version: int
+    metadata_bytes: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorSpec:
+    name: str
+    task_count: int
+    config: tuple[tuple[str, str | None], ...] = ()
+
+    def items(self) -> list[Item]:
+        return connector_items(self.name, self.task_count)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberMetadata:
+    """What a worker told the coordinator about itself (record ``GroupMember``)."""
+
+    member_id: str
+    instance_id: str | None
+    worker_url: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    assignors: tuple[AssignorSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentAssignment:
+    """A member's current epoch and assignment (record ``CurrentMemberAssignment``).
+
+    ``assigned`` is what the member may run now; ``revoking`` what it must give up. Both count
+    as owned by the member until it reports that it released them.
+    """
+
+    epoch: int
+    previous_epoch: int
+    state: MemberState
+    assigned: frozenset[Item]
+    revoking: frozenset[Item]
+    metadata_version: int = 0
+    metadata_bytes: bytes = b""
+
+    @property
+    def owned(self) -> frozenset[Item]:
+        return self.assigned | self.revoking
+
+
+NEW_MEMBER_ASSIGNMENT = CurrentAssignment(0, 0, MemberState.STABLE, EMPTY, EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetMember:
+    """A member's target assignment (record ``TargetAssignmentMember``)."""
+
+    items: frozenset[Item]
+    metadata_version: int = 0
+    metadata_bytes: bytes = b""
+
+
+EMPTY_TARGET = TargetMember(EMPTY)
+
+
+@dataclass
+class Computation:
+    """The assignment computation in flight (soft state: restarted after a load)."""
+
+    member_id: str
+    notified: bool = False
+    deadline_ms: int | None = None
+    prepared_epoch: int | None = None
+    prepared_members: frozenset[str] = EMPTY  # type: ignore[assignment]
+    prepared_items: frozenset[Item] = EMPTY
+
+
+@dataclass
+class SoftState:
+    """Per-group state that is not in the log: deadlines, caches, the computation in flight."""
+
+    session_deadline: dict[str, int] = field(default_factory=dict)
+    rebalance_deadline: dict[str, tuple[int, int]] = field(default_factory=dict)  # (epoch, at)
+    reported_owned: dict[str, tuple[frozenset[Item] | None, frozenset[Item] | None]] = field(
+        default_factory=dict
+    )  # member -> (connectors, tasks) last reported
+    computation: Computation | None = None
+    last_assigner: str | None = None
+    assigner_error: str | None = None  # e.g. NO_ASSIGNOR_COVERS_GROUP explanation
+    selection_epoch: int = -1  # group epoch the cached selection below was computed for
+    selected_assignor: str | None = None
+    eligible: tuple[str, ...] = ()
+    dirty: set[str] = field(default_factory=set)  # members whose assignment has stale items
+    empty_since_ms: int | None = None
+
+
+@dataclass
+class Group:
+    """One connect group: durable fields (from records) plus derived indexes."""
+
+    group_id: str
+    epoch: int = 0
+    connectors_epoch: int = 0
+    connectors: dict[str, ConnectorSpec] = field(default_factory=dict)
+    members: dict[str, MemberMetadata] = field(default_factory=dict)
+    current: dict[str, CurrentAssignment] = field(default_factory=dict)
+    target: dict[str, TargetMember] = field(default_factory=dict)
+    assignment_epoch: int = 0
+    assignment_error: int = 0
+    assignor_state: bytes = b""
+    scheduled_rebalance_at_ms: int = -1
+    configs: dict[str, str | None] = field(default_factory=dict)
+    has_metadata: bool = False  # a GroupMetadata record exists
+    has_target_metadata: bool = False
+    # -- derived indexes, maintained by replay ------------------------------------------------
+    owner: dict[Item, str] = field(default_factory=dict)  # item -> member owning it (current)
+    target_owner: dict[Item, str] = field(default_factory=dict)  # item -> member (target)
+    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    unreconciled: set[str] = field(default_factory=set)
+    configured: set[Item] = field(default_factory=set)
+    # -- soft state -----------------------------------------------------------------------------
+    soft: SoftState = field(default_factory=SoftState)
+
+    def durable(self) -> dict[str, Any]:
+        """Everything derived from records (for equality checks after replay)."""
+        return {
+            "group_id": self.group_id,
+            "epoch": self.epoch,
+            "connectors_epoch": self.connectors_epoch,
+            "connectors": dict(self.connectors),
+            "members": dict(self.members),
+            "current": dict(self.current),
+            "target": dict(self.target),
+            "assignment_epoch": self.assignment_epoch,
+            "assignment_error": self.assignment_error,
+            "assignor_state": self.assignor_state,
+            "scheduled_rebalance_at_ms": self.scheduled_rebalance_at_ms,
+            "configs": dict(self.configs),
+            "has_metadata": self.has_metadata,
+            "has_target_metadata": self.has_target_metadata,
+            "owner": dict(self.owner),
+            "target_owner": dict(self.target_owner),
+            "static_members": dict(self.static_members),
+            "unreconciled": set(self.unreconciled),
+            "configured": set(self.configured),
+        }
+
+    @property
+    def state(self) -> GroupState:
+        """Maintained incrementally: O(1), no scan of the members."""
+        if not self.members:
+            return GroupState.EMPTY
+        if self.epoch > self.assignment_epoch:
+            return GroupState.ASSIGNING
+        if self.unreconciled:
+            return GroupState.RECONCILING
+        return GroupState.STABLE
+
+    def is_reconciled(self, member_id: str) -> bool:
+        cur = self.current.get(member_id)
+        return (
+            cur is not None
+            and cur.state == MemberState.STABLE
+            and cur.epoch == self.assignment_epoch
+        )
+
+    def target_items(self, member_id: str) -> frozenset[Item]:
+        t = self.target.get(member_id)
+        return t.items if t is not None else EMPTY

@@ -1,0 +1,222 @@
+"""Log records of the coordinator: builders from the model and converters back.
+
+A record is a (key, value) pair of generated classes (``connect_wire.records``); a ``None``
+value is a tombstone. These are the only values the group state machine emits to change
+state, and exactly what the runtime writes to a partition's log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from connect_wire.records import (
+    CurrentMemberAssignmentKey,
+    CurrentMemberAssignmentValue,
+    GroupConfigurationKey,
+    GroupConfigurationValue,
+    GroupConnectorsKey,
+    GroupConnectorsValue,
+    GroupMemberKey,
+    GroupMemberValue,
+    GroupMetadataKey,
+    GroupMetadataValue,
+    TargetAssignmentMemberKey,
+    TargetAssignmentMemberValue,
+    TargetAssignmentMetadataKey,
+    TargetAssignmentMetadataValue,
+)
+from connect_wire.records import current_member_assignment_value_v0 as _cma
+from connect_wire.records import group_configuration_value_v0 as _gcfg
+from connect_wire.records import group_connectors_value_v0 as _gc
+from connect_wire.records import group_member_value_v0 as _gm
+from connect_wire.records import target_assignment_member_value_v0 as _tam
+
+from .model import (
+    AssignorSpec,
+    ConnectorSpec,
+    CurrentAssignment,
+    Item,
+    MemberMetadata,
+    MemberState,
+    TargetMember,
+    items_from_wire,
+    split_items,
+)
+
+
+class Record(NamedTuple):
+    key: Any
+    value: Any  # None: tombstone
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.value is None
+
+
+def _tasks(cls: type, items: Iterable[Item]) -> tuple[Any, ...]:
+    return tuple(cls(connector=i.connector, task=i.task) for i in items)
+
+
+# -- builders -------------------------------------------------------------------------------
+
+
+def group_metadata(group_id: str, epoch: int) -> Record:
+    return Record(GroupMetadataKey(group_id=group_id), GroupMetadataValue(epoch=epoch))
+
+
+def group_connectors(group_id: str, epoch: int, connectors: Iterable[ConnectorSpec]) -> Record:
+    specs = tuple(
+        _gc.ConnectorSpec(
+            name=c.name,
+            task_count=c.task_count,
+            config=tuple(_gc.ConfigEntry(name=k, value=v) for k, v in c.config),
+        )
+        for c in sorted(connectors, key=lambda c: c.name)
+    )
+    return Record(
+        GroupConnectorsKey(group_id=group_id), GroupConnectorsValue(epoch=epoch, connectors=specs)
+    )
+
+
+def group_member(group_id: str, m: MemberMetadata) -> Record:
+    return Record(
+        GroupMemberKey(group_id=group_id, member_id=m.member_id),
+        GroupMemberValue(
+            instance_id=m.instance_id,
+            worker_url=m.worker_url,
+            client_id=m.client_id,
+            client_host=m.client_host,
+            rebalance_timeout_ms=m.rebalance_timeout_ms,
+            client_assignors=tuple(
+                _gm.Assignor(
+                    name=a.name,
+                    minimum_version=a.minimum_version,
+                    maximum_version=a.maximum_version,
+                    reason=a.reason,
+                    metadata_version=a.metadata_version,
+                    metadata_bytes=a.metadata_bytes,
+                )
+                for a in m.assignors
+            ),
+        ),
+    )
+
+
+def target_member(group_id: str, member_id: str, t: TargetMember) -> Record:
+    connectors, tasks = split_items(t.items)
+    return Record(
+        TargetAssignmentMemberKey(group_id=group_id, member_id=member_id),
+        TargetAssignmentMemberValue(
+            connectors=tuple(connectors),
+            tasks=_tasks(_tam.TaskId, tasks),
+            metadata_version=t.metadata_version,
+            metadata_bytes=t.metadata_bytes,
+        ),
+    )
+
+
+def target_metadata(
+    group_id: str, assignment_epoch: int, error: int, assignor_state: bytes, scheduled_at_ms: int
+) -> Record:
+    return Record(
+        TargetAssignmentMetadataKey(group_id=group_id),
+        TargetAssignmentMetadataValue(
+            assignment_epoch=assignment_epoch,
+            error=error,
+            assignor_state=assignor_state,
+            scheduled_rebalance_at_ms=scheduled_at_ms,
+        ),
+    )
+
+
+def current_assignment(group_id: str, member_id: str, c: CurrentAssignment) -> Record:
+    connectors, tasks = split_items(c.assigned)
+    revoking_connectors, revoking_tasks = split_items(c.revoking)
+    return Record(
+        CurrentMemberAssignmentKey(group_id=group_id, member_id=member_id),
+        CurrentMemberAssignmentValue(
+            member_epoch=c.epoch,
+            previous_member_epoch=c.previous_epoch,
+            state=int(c.state),
+            connectors=tuple(connectors),
+            tasks=_tasks(_cma.TaskId, tasks),
+            revoking_connectors=tuple(revoking_connectors),
+            revoking_tasks=_tasks(_cma.TaskId, revoking_tasks),
+            metadata_version=c.metadata_version,
+            metadata_bytes=c.metadata_bytes,
+        ),
+    )
+
+
+def group_configuration(group_id: str, configs: dict[str, str | None]) -> Record:
+    return Record(
+        GroupConfigurationKey(group_id=group_id),
+        GroupConfigurationValue(
+            configs=tuple(_gcfg.Config(name=k, value=v) for k, v in sorted(configs.items()))
+        ),
+    )
+
+
+def tombstone(key: Any) -> Record:
+    return Record(key, None)
+
+
+# -- converters back to the model -------------------------------------------------------------
+
+
+def connectors_from(value: GroupConnectorsValue) -> dict[str, ConnectorSpec]:
+    return {
+        c.name: ConnectorSpec(
+            name=c.name,
+            task_count=c.task_count,
+            config=tuple((e.name, e.value) for e in c.config),
+        )
+        for c in value.connectors
+    }
+
+
+def member_from(member_id: str, value: GroupMemberValue) -> MemberMetadata:
+    return MemberMetadata(
+        member_id=member_id,
+        instance_id=value.instance_id,
+        worker_url=value.worker_url,
+        client_id=value.client_id,
+        client_host=value.client_host,
+        rebalance_timeout_ms=value.rebalance_timeout_ms,
+        assignors=tuple(
+            AssignorSpec(
+                name=a.name,
+                minimum_version=a.minimum_version,
+                maximum_version=a.maximum_version,
+                reason=a.reason,
+                metadata_version=a.metadata_version,
+                metadata_bytes=a.metadata_bytes,
+            )
+            for a in value.client_assignors
+        ),
+    )
+
+
+def target_from(value: TargetAssignmentMemberValue) -> TargetMember:
+    return TargetMember(
+        items=items_from_wire(value.connectors, value.tasks),
+        metadata_version=value.metadata_version,
+        metadata_bytes=value.metadata_bytes,
+    )
+
+
+def current_from(value: CurrentMemberAssignmentValue) -> CurrentAssignment:
+    try:
+        state = MemberState(value.state)
+    except ValueError:
+        state = MemberState.UNREVOKED_ITEMS  # unknown future state: treat as still owning
+    return CurrentAssignment(
+        epoch=value.member_epoch,
+        previous_epoch=value.previous_member_epoch,
+        state=state,
+        assigned=items_from_wire(value.connectors, value.tasks),
+        revoking=items_from_wire(value.revoking_connectors, value.revoking_tasks),
+        metadata_version=value.metadata_version,
+        metadata_bytes=value.metadata_bytes,
+    )
