@@ -150,11 +150,23 @@ class _Txn:
     def rollback(self) -> None:
         for record in reversed(self.undo):
             self.state.replay(record)
+        _forget_cached_selection(self.state, self.undo)
         self.records.clear()
         self.undo.clear()
 
     def result(self, response: Any) -> Result:
         return Result(response, self.records, self.timers, self.wake, self.undo)
+
+
+def _forget_cached_selection(state: CoordinatorState, undone: Iterable[rec.Record]) -> None:
+    """FIX (tests): after a rollback, drop the assignor selection cached per group epoch. The
+    rolled-back handler may have cached it for an epoch the group reaches again later with other
+    members (e.g. a rolled-back join, then another join): the stale cache then kept choosing a
+    member that is not in the group, and no one ever computed the assignment."""
+    for group_id in {record.key.group_id for record in undone}:
+        g = state.groups.get(group_id)
+        if g is not None:
+            g.soft.selection_epoch = -1
 
 
 def _uuid_member_id() -> str:
@@ -311,6 +323,7 @@ class GroupCoordinator:
         """Undo ``result``'s records (its write failed)."""
         for record in reversed(result.undo):
             self.state.replay(record)
+        _forget_cached_selection(self.state, result.undo)
 
     def group(self, group_id: str) -> Group | None:
         return self.state.groups.get(group_id)
@@ -514,6 +527,8 @@ class GroupCoordinator:
         changed = (
             after.assigned != before.assigned or after.epoch != before.epoch
             or after.metadata_bytes != before.metadata_bytes
+            # The worker's view is behind (e.g. the response that moved it on was lost).
+            or (epoch > 0 and epoch != after.epoch)
         )
         comp = g.soft.computation
         should_compute = (
@@ -632,6 +647,17 @@ class GroupCoordinator:
                         E.UNRELEASED_INSTANCE_ID,
                         f"Instance {req.instance_id} is still held by member {holder}; it must "
                         "leave (or its session expire) before another member takes it.",
+                    )
+                if member_id in g.members:
+                    # FIX (tests): the replacement overwrote an existing *other* member's
+                    # records: its own work vanished from the ownership and target indexes while
+                    # it still ran it (no rebalance followed, so those items stayed in no target),
+                    # and its response revoked and assigned in one step. A member already in the
+                    # group may not take over another member's instance id.
+                    raise _Reject(
+                        E.FENCED_INSTANCE_ID,
+                        f"Instance {req.instance_id} belongs to member {holder}; member "
+                        f"{member_id} is already in group {g.group_id} and cannot take it over.",
                     )
                 self._check_assignors(g, holder, assignors)
                 self._replace_static(txn, g, holder, member_id, req, ctx, assignors, now_ms)
@@ -894,8 +920,12 @@ class GroupCoordinator:
             # FIX (tests): the chosen worker stays chosen only while it is eligible (seed 000
             # "Worker Selection": it must handle every member's version range). A member with a
             # wider range may have joined since it was chosen; unless it already prepared (it
-            # is computing for an epoch it covered), choose again.
-            if comp.prepared_epoch is not None or comp.member_id in self._selection(g)[1]:
+            # is computing for an epoch it covered), choose again. Eligibility only changes with
+            # the group epoch, so a selection already computed for this epoch was checked then
+            # (every bump runs this before anything else reads the selection): O(1) per heartbeat.
+            if comp.prepared_epoch is not None or g.soft.selection_epoch == g.epoch:
+                return
+            if comp.member_id in self._selection(g)[1]:
                 return
             self._cancel_computation(txn, g)
         self._choose_assigner(txn, g, now_ms, exclude=None)
@@ -1051,7 +1081,8 @@ class GroupCoordinator:
         self, g: Group, comp: Computation, req: ConnectGroupInstallAssignmentRequest
     ) -> dict[str, TargetMember]:
         """Seed 000 "Assignment Validation", against the metadata the assignment was computed
-        from: every item assigned, none twice, every member id valid."""
+        from: every item assigned (unless a rebalance is scheduled, see below), none twice, no
+        unknown item, every member id valid."""
         targets: dict[str, TargetMember] = {}
         where: dict[Item, str] = {}
         for m in req.members:
@@ -1075,7 +1106,10 @@ class GroupCoordinator:
             names = ", ".join(sorted(str(i) for i in unknown)[:5])
             raise _Reject(E.INVALID_ASSIGNMENT, f"Unknown connectors/tasks assigned: {names}.")
         missing = comp.prepared_items - assigned
-        if missing:
+        if missing and req.scheduled_rebalance_delay_ms < 0:
+            # Work may be held unassigned only with a follow-up computation scheduled: that is
+            # how an assignor waits for a departed worker (seed 000 "Worker Leaving", KIP-415's
+            # delay) without wedging items forever.
             names = ", ".join(sorted(str(i) for i in missing)[:5])
             raise _Reject(E.INVALID_ASSIGNMENT,
                           f"{len(missing)} connectors/tasks are not assigned: {names}.")
@@ -1125,8 +1159,12 @@ class GroupCoordinator:
         gid = g.group_id
         if g.configs:
             txn.write(rec.tombstone(GroupConfigurationKey(group_id=gid)))
-        if g.connectors_epoch:
-            txn.write(rec.tombstone(GroupConnectorsKey(group_id=gid)))
+        # FIX (tests): always tombstone GroupConnectors. A connectors record written at group
+        # epoch 0 (connectors created, then all deleted, in a member-less group) leaves
+        # connectors_epoch == 0, and the old ``if g.connectors_epoch`` skipped its tombstone: once
+        # compaction dropped the GroupMetadata tombstone, a reload recreated the deleted group
+        # from that record. A tombstone for an absent key is harmless.
+        txn.write(rec.tombstone(GroupConnectorsKey(group_id=gid)))
         if g.has_target_metadata:
             txn.write(rec.tombstone(TargetAssignmentMetadataKey(group_id=gid)))
         txn.write(rec.tombstone(GroupMetadataKey(group_id=gid)))

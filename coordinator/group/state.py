@@ -136,21 +136,26 @@ class CoordinatorState:
         g = self.groups.get(key.group_id) if value is None else self._group(key.group_id)
         if g is None:
             return
+        # FIX (tests): refuse a double owner *before* touching the state. The check used to run
+        # after the member's old assignment had been removed, so a refused record left the
+        # member without its current assignment (and the coordinator's rollback, which only
+        # undoes completed writes, could not restore it).
+        c = rec.current_from(value) if value is not None else None
+        if c is not None:
+            for item in c.owned:
+                holder = g.owner.get(item)
+                if holder is not None and holder != key.member_id:
+                    raise ReplayError(
+                        f"group {key.group_id}: {item} owned by {holder} and {key.member_id}"
+                    )
         old = g.current.pop(key.member_id, None)
         if old is not None:
             for item in old.owned:
                 if g.owner.get(item) == key.member_id:
                     del g.owner[item]
-        if value is None:
+        if c is None:
             g.unreconciled.discard(key.member_id)
             return
-        c = rec.current_from(value)
-        for item in c.owned:
-            holder = g.owner.get(item)
-            if holder is not None and holder != key.member_id:
-                raise ReplayError(
-                    f"group {key.group_id}: {item} owned by {holder} and {key.member_id}"
-                )
         g.current[key.member_id] = c
         for item in c.owned:
             g.owner[item] = key.member_id
