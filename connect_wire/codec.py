@@ -5,12 +5,15 @@ Theory of operation
 Every message, record key and record value is a kio-style entity (a frozen dataclass whose
 fields carry ``kafka_type``/``tag`` metadata; see ``tools/codegen.py``). kio serialises them:
 
-* **Decoding** uses kio's native (Rust) ``entity_reader``. That reader raises ``KeyError`` on a
-  tagged field it does not know, while Kafka's rule (and PROTOCOL.md) is to skip it so that a
-  newer peer never breaks an older one. On that ``KeyError`` this module decodes the same bytes
-  again with a schema walker written on kio's native *primitive* readers, which skips unknown
-  tags. The fallback only runs for messages that carry unknown tags, so the common path stays
-  native.
+* **Decoding** walks the entity's schema (its dataclass field metadata) in Python and reads
+  every value with kio's native (Rust) *primitive* readers. kio's whole-entity native reader is
+  not used for untrusted bytes, for three reasons found by the tests: it raises ``KeyError`` on
+  a tagged field it does not know (Kafka's rule, and PROTOCOL.md's, is to skip it, so that a
+  newer peer never breaks an older one); it returns None for a null array in a non-nullable
+  field; and it reserves memory for a declared array length before reading any item, so a
+  22-byte frame declaring 2**32-1 items aborts the whole process. The walker skips unknown
+  tags, rejects nulls where the schema forbids them, and checks every declared array length
+  against the bytes left (each item takes at least one byte) before anything is read.
 * **Encoding** uses a writer compiled once per entity class from the same field metadata
   (``connect_wire.fastwriter``) when one can be built, else kio's generic ``entity_writer``.
   Both produce identical bytes; see the tests and the benchmark in ``bench/``.
@@ -28,7 +31,7 @@ from functools import cache
 from types import NoneType, UnionType
 from typing import Any, TypeVar, get_args, get_origin
 
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_writer
 from kio.serial._parse import get_reader as _primitive_reader
 from kio.serial.readers import (
     compact_array_reader,
@@ -89,13 +92,8 @@ def decode(cls: type[T], data: bytes | bytearray | memoryview, offset: int = 0) 
     """
     if not isinstance(data, bytes):
         data = bytes(data)  # kio's native readers refuse writable buffers
-    try:
-        value, size = entity_reader(cls)(data, offset)
-        return value, offset + size
-    except KeyError:
-        pass  # an unknown tagged field: decode again, skipping it
-    except Exception as exc:  # kio raises several types; all mean the same to us
-        raise DecodeError(f"cannot decode {cls.__name__}: {exc!r}") from None
+    if offset < 0 or offset > len(data):
+        raise DecodeError(f"cannot decode {cls.__name__}: offset {offset} outside the data")
     try:
         return _walker(cls)(data, offset)
     except DecodeError:
@@ -122,18 +120,35 @@ def _field_reader(f: Field[Any], flexible: bool, tagged: bool) -> Reader:
             return _entity_array_reader(inner, flexible, optional)
         item = _primitive_reader(kafka_type, flexible, False)
         array = compact_array_reader(item) if flexible else legacy_array_reader(item)
-        return _non_null(array, f.name) if not optional else array
+        return _bounded_array(array, flexible, optional, f.name)
     if is_dataclass(tp):
-        return _nullable_entity(_walker(tp)) if optional else _walker(tp)
+        return _nullable_entity(_walker(tp)) if optional else _sized(_walker(tp))
     return _primitive_reader(kafka_type, flexible, optional)
 
 
-def _non_null(reader: Reader, name: str) -> Reader:
+def _sized(walk: Callable[[Any, int], tuple[Any, int]]) -> Reader:
+    """Adapt a walker (which returns the end offset) to a reader (which returns the size)."""
+
     def read(data: Any, offset: int) -> tuple[Any, int]:
-        value, size = reader(data, offset)
-        if value is None:
-            raise DecodeError(f"field {name} is null but not nullable")
-        return value, size
+        value, end = walk(data, offset)
+        return value, end - offset
+
+    return read
+
+
+def _bounded_array(array: Reader, flexible: bool, optional: bool, name: str) -> Reader:
+    """kio's native array reader, called only once the declared length is known to fit."""
+    read_length = read_compact_array_length if flexible else read_legacy_array_length
+
+    def read(data: Any, offset: int) -> tuple[Any, int]:
+        length, size = read_length(data, offset)
+        if length is None or length < 0:
+            if not optional:
+                raise DecodeError(f"field {name} is null but not nullable")
+            return array(data, offset)
+        if length > len(data) - offset - size:  # each item takes at least one byte
+            raise DecodeError(f"field {name} declares {length} items, more than the message holds")
+        return array(data, offset)
 
     return read
 
