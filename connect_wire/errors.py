@@ -60,6 +60,7 @@ class ErrorCode(IntEnum):
         "This message has failed its CRC checksum, exceeds the valid size, has a null key for "
         "a compacted topic, or is otherwise corrupt.",
     )
+    UNKNOWN_TOPIC_OR_PARTITION = 3, True, "This server does not host this topic-partition."
     REQUEST_TIMED_OUT = 7, True, "The request timed out."
     BROKER_NOT_AVAILABLE = 8, False, "The broker is not available."
     MESSAGE_TOO_LARGE = (

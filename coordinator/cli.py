@@ -1,0 +1,263 @@
+"""``connect-coordinator``: run the daemon, and admin commands that talk KRPC to a running one.
+
+    connect-coordinator serve --data-dir ./data
+    connect-coordinator connectors create --group G NAME --tasks N [--config KEY=VALUE ...]
+    connect-coordinator connectors update --group G NAME [--tasks N] [--config KEY=VALUE ...]
+    connect-coordinator connectors delete --group G NAME [NAME ...]
+    connect-coordinator connectors list --group G [--json]
+    connect-coordinator groups list [--json]
+    connect-coordinator groups describe G [G ...] [--json]
+
+Admin commands take ``--bootstrap HOST:PORT`` (default 127.0.0.1:9092). An error from the
+coordinator prints its protocol name and message and exits 1; a usage error exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from connect_wire.errors import error_name
+from connect_wire.messages import (
+    ConnectGroupAlterConnectorsRequest,
+    ConnectGroupDescribeRequest,
+)
+from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
+from coordinator.admin import AdminClient, AdminError
+from coordinator.group.config import ConfigError
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+class CliError(Exception):
+    pass
+
+
+def _kv(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="connect-coordinator",
+        description="A KIP-848 'connect' group coordinator: assigns connectors and tasks to "
+        "worker processes, moving work incrementally (revoke before assign).",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the coordinator daemon",
+                           description="Run the coordinator with its embedded file store. "
+                           "Settings: defaults < --config FILE < CONNECT_COORDINATOR_* "
+                           "environment < flags (see docs/configuration.md).")
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    serve.add_argument("--listen", metavar="HOST:PORT",
+                       help="KRPC listener (default 127.0.0.1:9092; port 0 = any free port)")
+    serve.add_argument("--advertised-listener", metavar="HOST:PORT",
+                       help="address clients are told to use (default: the bound listener)")
+    serve.add_argument("--data-dir", metavar="DIR", help="partition logs directory (default ./data)")
+    serve.add_argument("--metrics-listen", metavar="HOST:PORT",
+                       help="Prometheus /metrics listener (default 127.0.0.1:9464; 'none' disables)")
+    serve.add_argument("--partitions", metavar="N", type=int,
+                       help="log partitions / shards (default 8; fixed once data exists)")
+    serve.add_argument("--fsync", metavar="POLICY",
+                       help="always (default) | interval:MS | never")
+    serve.add_argument("--log-format", choices=("json", "console"), help="log format (default json)")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+
+    def admin(parent: Any, name: str, help: str) -> argparse.ArgumentParser:
+        a: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
+        a.add_argument("--bootstrap", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP,
+                       help=f"a running coordinator (default {DEFAULT_BOOTSTRAP})")
+        a.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+        return a
+
+    conn = sub.add_parser("connectors", help="create, update, delete or list connectors")
+    csub = conn.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("create", "create a connector (fails if it exists)"),
+                         ("update", "change a connector's task count or config (must exist)")):
+        c = admin(csub, action, text)
+        c.add_argument("--group", required=True, help="the worker group")
+        c.add_argument("name", help="connector name")
+        c.add_argument("--tasks", type=int, required=action == "create", metavar="N",
+                       help="number of tasks")
+        c.add_argument("--config", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                       help="connector config entry, e.g. connector.class=module:Class (repeatable)")
+        c.add_argument("--validate-only", action="store_true", help="check, change nothing")
+    d = admin(csub, "delete", "delete connectors")
+    d.add_argument("--group", required=True)
+    d.add_argument("names", nargs="+", metavar="NAME")
+    d.add_argument("--validate-only", action="store_true")
+    ls = admin(csub, "list", "list a group's connectors")
+    ls.add_argument("--group", required=True)
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+
+    groups = sub.add_parser("groups", help="list or describe groups")
+    gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
+    gl = admin(gsub, "list", "list connect groups and their states")
+    gl.add_argument("--json", action="store_true")
+    gd = admin(gsub, "describe", "members, epochs and assignments of groups")
+    gd.add_argument("groups", nargs="+", metavar="GROUP")
+    gd.add_argument("--json", action="store_true")
+    return p
+
+
+def _client(args: argparse.Namespace) -> AdminClient:
+    from coordinator.config import parse_hostport
+
+    try:
+        host, port = parse_hostport(args.bootstrap)
+    except ConfigError as exc:
+        raise CliError(f"--bootstrap: {exc}") from None
+    return AdminClient(host, port, timeout_s=args.timeout)
+
+
+def _check(code: int, message: str | None) -> None:
+    if code:
+        raise CliError(f"{error_name(code)}: {message or 'no message'}")
+
+
+def _describe(client: AdminClient, group_ids: list[str]) -> Any:
+    return client.call(ConnectGroupDescribeRequest(group_ids=tuple(group_ids))).groups
+
+
+def _items(a: Any) -> list[str]:
+    return [*a.connectors, *(f"{t.connector}/{t.task}" for t in a.tasks)]
+
+
+def _group_dict(g: Any) -> dict[str, Any]:
+    return {
+        "group": g.group_id, "state": g.group_state,
+        "error": error_name(g.error_code) if g.error_code else None,
+        "error_message": g.error_message, "group_epoch": g.group_epoch,
+        "assignment_epoch": g.assignment_epoch, "assignor": g.assignor_name,
+        "assigning_member": g.assigning_member_id,
+        "connectors": [{"name": c.name, "tasks": c.task_count,
+                        "config": {e.name: e.value for e in c.config}} for c in g.connectors],
+        "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
+                     "worker_url": m.worker_url, "client_id": m.client_id,
+                     "client_host": m.client_host, "epoch": m.member_epoch, "state": m.member_state,
+                     "assignment": _items(m.assignment), "target": _items(m.target_assignment)}
+                    for m in g.members],
+    }
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), *(fmt.format(*map(str, r)) for r in rows)])
+
+
+def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
+    with _client(args) as client:
+        if args.action == "list":
+            (g,) = _describe(client, [args.group])
+            _check(g.error_code if g.error_code != 10001 else 0, g.error_message)
+            connectors = _group_dict(g)["connectors"]
+            if args.json:
+                out.write(json.dumps(connectors, indent=2) + "\n")
+            else:
+                rows = [[c["name"], c["tasks"], ", ".join(f"{k}={v}" for k, v in c["config"].items())]
+                        for c in connectors]
+                out.write(_table(rows, ["CONNECTOR", "TASKS", "CONFIG"]) + "\n")
+            return
+        if args.action == "delete":
+            req = ConnectGroupAlterConnectorsRequest(group_id=args.group, deletes=tuple(args.names),
+                                                     validate_only=args.validate_only)
+        else:
+            (g,) = _describe(client, [args.group])
+            existing = {c.name: c for c in g.connectors} if g.error_code in (0, 10001) else {}
+            if args.action == "create" and args.name in existing:
+                raise CliError(f"connector {args.name} already exists in group {args.group} "
+                               "(use 'connectors update')")
+            if args.action == "update" and args.name not in existing:
+                raise CliError(f"connector {args.name} does not exist in group {args.group} "
+                               "(use 'connectors create')")
+            old = existing.get(args.name)
+            tasks = args.tasks if args.tasks is not None else old.task_count
+            config = {e.name: e.value for e in old.config} if old is not None else {}
+            config.update(dict(args.config))
+            spec = _alter.ConnectorSpec(
+                name=args.name, task_count=tasks,
+                config=tuple(_alter.ConfigEntry(name=k, value=v) for k, v in sorted(config.items())))
+            req = ConnectGroupAlterConnectorsRequest(group_id=args.group, upserts=(spec,),
+                                                     validate_only=args.validate_only)
+        resp = client.call(req)
+        _check(resp.error_code, resp.error_message)
+        verb = "valid" if req.validate_only else "ok"
+        out.write(f"{verb}: group {args.group} at epoch {resp.group_epoch}\n")
+
+
+def cmd_groups(args: argparse.Namespace, out: Any) -> None:
+    from kio.schema.list_groups.v5.request import ListGroupsRequest
+
+    with _client(args) as client:
+        if args.action == "list":
+            resp = client.call(ListGroupsRequest(states_filter=(), types_filter=()))
+            groups = [{"group": g.group_id, "state": g.group_state} for g in resp.groups]
+            if args.json:
+                out.write(json.dumps(groups, indent=2) + "\n")
+            else:
+                out.write(_table([[g["group"], g["state"]] for g in groups], ["GROUP", "STATE"]) + "\n")
+            if resp.error_code:
+                raise CliError(f"{error_name(int(resp.error_code))}: some partitions did not answer")
+            return
+        described = _describe(client, args.groups)
+        dicts = [_group_dict(g) for g in described]
+        if args.json:
+            out.write(json.dumps(dicts, indent=2) + "\n")
+        else:
+            for g in dicts:
+                out.write(f"GROUP {g['group']}  state={g['state']}  epoch={g['group_epoch']}  "
+                          f"assignment-epoch={g['assignment_epoch']}  assignor={g['assignor']}  "
+                          f"computing={g['assigning_member']}\n")
+                if g["error"]:
+                    out.write(f"  {g['error']}: {g['error_message']}\n")
+                out.write(_table([[m["member_id"], m["instance_id"] or "-", m["epoch"], m["state"],
+                                   " ".join(m["assignment"]) or "-", " ".join(m["target"]) or "-"]
+                                  for m in g["members"]],
+                                 ["MEMBER", "INSTANCE", "EPOCH", "STATE", "RUNNING", "TARGET"]) + "\n\n")
+        for g in described:
+            if g.error_code and g.error_code != 10001:
+                raise CliError(f"{error_name(g.error_code)}: {g.error_message}")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from coordinator import config as cfg
+    from coordinator.server.app import main_serve
+
+    overrides = {
+        "listeners": args.listen, "advertised.listener": args.advertised_listener,
+        "data.dir": args.data_dir, "metrics.listener": args.metrics_listen,
+        "partitions": args.partitions, "log.fsync": args.fsync,
+        "log.format": args.log_format, "log.level": args.log_level,
+    }
+    try:
+        config = cfg.load(args.config, overrides)
+    except ConfigError as exc:
+        print(f"connect-coordinator: configuration error: {exc}", file=sys.stderr)
+        return 2
+    return main_serve(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "connectors":
+            cmd_connectors(args, sys.stdout)
+        else:
+            cmd_groups(args, sys.stdout)
+    except (CliError, AdminError) as exc:
+        print(f"connect-coordinator: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

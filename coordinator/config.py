@@ -1,0 +1,271 @@
+"""The daemon's configuration: one table of settings, read from a TOML file, the environment
+and command-line flags (in that order of precedence: flags win), validated at start.
+
+Each setting has a dotted name (KIP-848's names adapted to ``group.connect.*``), a type, a
+default and a description. The same table renders the configuration reference
+(``python -m coordinator.config`` prints it as Markdown; docs/configuration.md is that output).
+
+* TOML: top-level keys are the dotted names, quoted (``"group.connect.session.timeout.ms" =
+  10000``), or nested tables (``[group.connect] session.timeout.ms = 10000``) — both work.
+* Environment: ``CONNECT_COORDINATOR_`` + the name upper-cased with dots and dashes as
+  underscores, e.g. ``CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS=10000``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coordinator.group.config import ConfigError, GroupCoordinatorConfig
+from coordinator.runtime.log import FsyncPolicy
+
+ENV_PREFIX = "CONNECT_COORDINATOR_"
+
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    """``"127.0.0.1:9092"`` -> (host, port); ``[::1]:9092`` for IPv6."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"{text!r} is not HOST:PORT")
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"port {number} is out of range")
+    return host, number
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: type
+    default: Any
+    doc: str
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper().replace(".", "_").replace("-", "_")
+
+    def convert(self, value: Any, source: str) -> Any:
+        try:
+            if self.kind is bool:
+                if isinstance(value, bool):
+                    return value
+                text = str(value).strip().lower()
+                if text in ("1", "true", "yes", "on"):
+                    return True
+                if text in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            if self.kind is int:
+                if isinstance(value, bool):
+                    raise ValueError(value)
+                return int(value)
+            return str(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{self.name} (from {source}) must be {self.kind.__name__}, got {value!r}"
+            ) from None
+
+
+def _positive(v: int) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v: int) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _hostport(v: str) -> str | None:
+    try:
+        parse_hostport(v)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _optional_hostport(v: str) -> str | None:
+    return None if v in ("", "none", "off") else _hostport(v)
+
+
+def _fsync(v: str) -> str | None:
+    try:
+        FsyncPolicy.parse(v)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _one_of(*choices: str) -> Callable[[str], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+_G = GroupCoordinatorConfig()
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("listeners", str, "127.0.0.1:9092",
+            "HOST:PORT the KRPC server listens on (port 0: any free port).", _hostport),
+    Setting("advertised.listener", str, "",
+            "HOST:PORT clients are told to connect to (Metadata, FindCoordinator); "
+            "empty: the bound listener.", _optional_hostport),
+    Setting("metrics.listener", str, "127.0.0.1:9464",
+            "HOST:PORT of the Prometheus /metrics endpoint; 'none' disables it.",
+            _optional_hostport),
+    Setting("data.dir", str, "./data", "Directory of the partition logs (created if missing)."),
+    Setting("partitions", int, 8,
+            "Number of log partitions (shards); a group lives in abs(hash(group)) % partitions. "
+            "Fixed once data exists.", _positive),
+    Setting("log.fsync", str, "always",
+            "'always' (fsync before any response that depends on the records), "
+            "'interval:MS' (fsync at most every MS ms), 'never' (the OS decides).", _fsync),
+    Setting("log.segment.bytes", int, 64 * 1024 * 1024,
+            "A segment rolls when it would exceed this size.", _positive),
+    Setting("log.compaction.interval.ms", int, 60_000,
+            "How often closed segments are compacted (latest record per key).", _positive),
+    Setting("log.tombstone.retention.ms", int, 24 * 3600 * 1000,
+            "Tombstones are kept this long by compaction before they are dropped.",
+            _non_negative),
+    Setting("group.connect.session.timeout.ms", int, _G.session_timeout_ms,
+            "A member that does not heartbeat within this is removed.", _positive),
+    Setting("group.connect.min.session.timeout.ms", int, _G.min_session_timeout_ms,
+            "Lower bound of the session timeout (also for per-group overrides).", _positive),
+    Setting("group.connect.max.session.timeout.ms", int, _G.max_session_timeout_ms,
+            "Upper bound of the session timeout.", _positive),
+    Setting("group.connect.heartbeat.interval.ms", int, _G.heartbeat_interval_ms,
+            "How often members heartbeat (told in every response).", _positive),
+    Setting("group.connect.min.heartbeat.interval.ms", int, _G.min_heartbeat_interval_ms,
+            "Lower bound of the heartbeat interval.", _positive),
+    Setting("group.connect.max.heartbeat.interval.ms", int, _G.max_heartbeat_interval_ms,
+            "Upper bound of the heartbeat interval.", _positive),
+    Setting("group.connect.max.size", int, _G.max_size,
+            "Maximum members per group (GROUP_MAX_SIZE_REACHED beyond).", _positive),
+    Setting("group.connect.empty.group.retention.ms", int, _G.empty_group_retention_ms,
+            "A group with no members and no connectors is deleted after this long.",
+            _non_negative),
+    Setting("socket.max.frame.bytes", int, 1024 * 1024,
+            "Largest request frame accepted; a larger declared size closes the connection "
+            "before the body is read.", _positive),
+    Setting("socket.max.connections", int, 10_000,
+            "Connections beyond this are closed at accept.", _positive),
+    Setting("socket.idle.timeout.ms", int, 600_000,
+            "A connection with no complete request for this long is closed "
+            "(also ends slow-loris senders).", _positive),
+    Setting("log.format", str, "json", "'json' (JSON lines) or 'console'.", _one_of("json", "console")),
+    Setting("log.level", str, "info", "debug, info, warning or error.",
+            _one_of("debug", "info", "warning", "error")),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    values: Mapping[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        return parse_hostport(self["listeners"])
+
+    @property
+    def metrics_listen(self) -> tuple[str, int] | None:
+        v = self["metrics.listener"]
+        return None if v in ("", "none", "off") else parse_hostport(v)
+
+    @property
+    def fsync(self) -> FsyncPolicy:
+        return FsyncPolicy.parse(self["log.fsync"])
+
+    def group_config(self) -> GroupCoordinatorConfig:
+        return GroupCoordinatorConfig(
+            session_timeout_ms=self["group.connect.session.timeout.ms"],
+            min_session_timeout_ms=self["group.connect.min.session.timeout.ms"],
+            max_session_timeout_ms=self["group.connect.max.session.timeout.ms"],
+            heartbeat_interval_ms=self["group.connect.heartbeat.interval.ms"],
+            min_heartbeat_interval_ms=self["group.connect.min.heartbeat.interval.ms"],
+            max_heartbeat_interval_ms=self["group.connect.max.heartbeat.interval.ms"],
+            max_size=self["group.connect.max.size"],
+            empty_group_retention_ms=self["group.connect.empty.group.retention.ms"],
+        )
+
+
+def load(
+    file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ServerConfig:
+    """Defaults < TOML ``file`` < environment < ``overrides`` (flags). Raises ConfigError with a
+    message naming the setting and where its value came from."""
+    values = {s.name: s.default for s in SETTINGS}
+    if file is not None:
+        path = Path(file)
+        try:
+            table = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        for name, value in _flatten(table).items():
+            setting = BY_NAME.get(name)
+            if setting is None:
+                raise ConfigError(f"unknown setting {name!r} in {path} (see docs/configuration.md)")
+            values[name] = setting.convert(value, str(path))
+    env = os.environ if environ is None else environ
+    for setting in SETTINGS:
+        if setting.env in env:
+            values[setting.name] = setting.convert(env[setting.env], setting.env)
+    unknown_env = [k for k in env if k.startswith(ENV_PREFIX) and k not in {s.env for s in SETTINGS}]
+    if unknown_env:
+        raise ConfigError(f"unknown environment setting(s): {', '.join(sorted(unknown_env))}")
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        setting = BY_NAME.get(name)
+        if setting is None:
+            raise ConfigError(f"unknown setting {name!r}")
+        values[name] = setting.convert(value, "the command line")
+    for setting in SETTINGS:
+        if setting.check is not None:
+            problem = setting.check(values[setting.name])
+            if problem:
+                raise ConfigError(f"{setting.name}={values[setting.name]!r}: {problem}")
+    config = ServerConfig(values)
+    config.group_config()  # cross-checks (bounds, heartbeat < session); raises ConfigError
+    return config
+
+
+def reference_markdown() -> str:
+    lines = [
+        "| setting | environment variable | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        default = f"`{s.default}`" if s.default != "" else "(empty)"
+        lines.append(f"| `{s.name}` | `{s.env}` | {default} | {s.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.stdout.write(reference_markdown())

@@ -1,0 +1,105 @@
+"""Prometheus metrics of the daemon (prometheus-client), on their own registry.
+
+KIP-848's coordinator metrics adapted (group count by type, partition count by state, event
+queue size, connect group count by state, rebalance rate/count, partition load time, thread
+idle ratio) plus request count and latency per API and error, parked long-poll heartbeats, log
+append/fsync latency and bytes, corruptions found at load, and members per group.
+
+Label children are bound once and cached (``labels()`` costs ~1.5 µs, a bound child's
+``observe`` ~1 µs), so the hot path never formats labels. Gauges that describe groups are
+computed when Prometheus scrapes (a custom collector), not updated per heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from connect_wire.errors import error_name
+
+NS = "connect_coordinator"
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                   0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+GROUP_STATES = ("Empty", "Assigning", "Reconciling", "Stable", "Dead")
+
+
+class GroupCollector(Collector):
+    """Scrape-time gauges over the shards' groups."""
+
+    def __init__(self, groups: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self._groups = groups  # () -> (group id, state name, members)
+
+    def collect(self) -> Iterator[Any]:
+        by_state = dict.fromkeys(GROUP_STATES, 0)
+        members = GaugeMetricFamily(f"{NS}_group_members", "Members per connect group",
+                                    labels=["group"])
+        total = 0
+        for group_id, state, count in self._groups():
+            total += 1
+            by_state[state] = by_state.get(state, 0) + 1
+            members.add_metric([group_id], count)
+        groups = GaugeMetricFamily(f"{NS}_group_count", "Groups by type", labels=["type"])
+        groups.add_metric(["connect"], total)
+        states = GaugeMetricFamily(f"{NS}_connect_group_count", "Connect groups by state",
+                                   labels=["state"])
+        for state, count in by_state.items():
+            states.add_metric([state], count)
+        yield groups
+        yield states
+        yield members
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.partition_count = Gauge(f"{NS}_partition_count", "Partitions by state",
+                                     ["state"], registry=r)
+        self.event_queue_size = Gauge(f"{NS}_event_queue_size", "Events queued per partition",
+                                      ["partition"], registry=r)
+        self.rebalances = Counter(f"{NS}_rebalance", "Group epoch bumps (rebalances)",
+                                  registry=r)
+        self.partition_load_seconds = Histogram(
+            f"{NS}_partition_load_seconds", "Time to load (replay) a partition",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300), registry=r)
+        self.thread_idle_ratio = Gauge(f"{NS}_thread_idle_ratio",
+                                       "Share of time a partition's event loop waited for events",
+                                       ["partition"], registry=r)
+        self.requests = Counter(f"{NS}_requests", "Requests answered", ["api", "error"],
+                                registry=r)
+        self.request_latency = Histogram(f"{NS}_request_latency_seconds",
+                                         "Request latency (frame received to response written)",
+                                         ["api"], buckets=LATENCY_BUCKETS, registry=r)
+        self.parked = Gauge(f"{NS}_heartbeat_parked", "Long-polled heartbeats parked now",
+                            registry=r)
+        self.log_append_seconds = Histogram(f"{NS}_log_append_seconds", "Log append latency",
+                                            buckets=LATENCY_BUCKETS, registry=r)
+        self.log_fsync_seconds = Histogram(f"{NS}_log_fsync_seconds", "Log fsync latency",
+                                           buckets=LATENCY_BUCKETS, registry=r)
+        self.log_bytes = Gauge(f"{NS}_log_bytes", "Bytes in the partition log", ["partition"],
+                               registry=r)
+        self.log_corruptions = Counter(f"{NS}_log_corruptions",
+                                       "Corrupt or torn log tails truncated at load",
+                                       ["partition"], registry=r)
+        self.connections = Gauge(f"{NS}_connections", "Open client connections", registry=r)
+        self._request_children: dict[tuple[str, int], Any] = {}
+        self._latency_children: dict[str, Any] = {}
+        for state in ("loading", "active", "failed"):
+            self.partition_count.labels(state).set(0)
+
+    def register_groups(self, groups: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self.registry.register(GroupCollector(groups))
+
+    def request_done(self, api: str, error_code: int, seconds: float) -> None:
+        key = (api, error_code)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(api, error_name(error_code))
+        child.inc()
+        latency = self._latency_children.get(api)
+        if latency is None:
+            latency = self._latency_children[api] = self.request_latency.labels(api)
+        latency.observe(seconds)

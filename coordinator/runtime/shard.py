@@ -1,0 +1,453 @@
+"""A shard: one log partition's group coordinator, its log, its event queue and its timers.
+
+Theory of operation
+-------------------
+* **One queue, one consumer.** Every event of the partition — a request, a timer expiry, a
+  long-poll re-evaluation, a read — goes through the shard's own queue and is handled by the
+  shard's single consumer task, so events of one partition never interleave, while other
+  partitions' shards proceed (CPython runs them on one event loop; a shard awaiting its fsync
+  does not hold up the others).
+* **Write before respond.** A write event runs the pure handler (``GroupCoordinator``), whose
+  records are applied to the in-memory state at once and appended to the partition log. The
+  consumer drains what is queued, then commits the whole batch with one fsync (group commit;
+  Kafka's "adaptive linger"), and only then releases the responses, applies timer changes and
+  wakes parked heartbeats. A failed append or fsync rolls the state back (in reverse order) and
+  the affected requests get COORDINATOR_NOT_AVAILABLE; nothing was acknowledged.
+* **Reads see committed state only.** A read event first commits whatever is pending.
+* **Long-polled heartbeats.** A heartbeat whose answer would tell the member nothing new
+  (no error, same epoch, no assignment, nothing to compute) and that asked for ``MaxWaitMs`` is
+  parked. Whenever a committed result names the member in its ``wake`` set, the shard
+  re-evaluates it (a heartbeat with all optional fields null) and answers as soon as something
+  changed; otherwise the parked answer goes out when MaxWaitMs (capped below the session
+  timeout) elapses.
+* **Clock.** The core gets wall-clock milliseconds (persisted deadlines such as a scheduled
+  rebalance must survive a restart); timers run on the loop's monotonic clock and re-check
+  the wall clock when they fire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from connect_wire.errors import ErrorCode
+from connect_wire.messages import ConnectGroupHeartbeatRequest
+from connect_wire.records import GroupMetadataKey
+from coordinator import logs
+from coordinator.group.config import GroupCoordinatorConfig
+from coordinator.group.coordinator import GroupCoordinator, RequestContext, Result, TimerKey
+from coordinator.metrics import Metrics
+from coordinator.runtime import serde
+from coordinator.runtime.log import FsyncPolicy, PartitionLog, RecoveryReport, partition_dir
+
+log = logs.get("coordinator.shard")
+
+LOADING, ACTIVE, FAILED, CLOSED = "loading", "active", "failed", "closed"
+MAX_DRAIN = 512
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ShardUnavailable(Exception):
+    """The shard cannot take the event (loading, failed or closed)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Event:
+    kind: str  # "write" | "read"
+    fn: Callable[..., Any]
+    future: asyncio.Future[Any] | None
+    error: Callable[[int, str], Any] | None = None
+    on_commit: Callable[[Result], None] | None = None
+
+
+@dataclass
+class _Parked:
+    future: asyncio.Future[Any]
+    response: Any
+    request: ConnectGroupHeartbeatRequest
+    ctx: RequestContext
+    handle: asyncio.TimerHandle | None = None
+    refreshing: bool = False
+
+
+@dataclass
+class ShardStats:
+    busy_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Shard:
+    def __init__(
+        self,
+        partition: int,
+        data_dir: Path,
+        group_config: GroupCoordinatorConfig,
+        metrics: Metrics,
+        *,
+        fsync: FsyncPolicy,
+        segment_bytes: int,
+        compaction_interval_ms: int,
+        tombstone_retention_ms: int,
+    ) -> None:
+        self.partition = partition
+        self.directory = partition_dir(data_dir, partition)
+        self.core = GroupCoordinator(group_config)
+        self.metrics = metrics
+        self.fsync = fsync
+        self.segment_bytes = segment_bytes
+        self.compaction_interval_ms = compaction_interval_ms
+        self.tombstone_retention_ms = tombstone_retention_ms
+        self.state = LOADING
+        self.failure: str | None = None
+        self.log: PartitionLog | None = None
+        self.recovery: RecoveryReport | None = None
+        self.queue: asyncio.Queue[_Event] = asyncio.Queue()
+        self._timers: dict[TimerKey, tuple[int, asyncio.TimerHandle]] = {}
+        self._parked: dict[tuple[str, str], _Parked] = {}
+        self._consumer: asyncio.Task[None] | None = None
+        self._compactor: asyncio.Task[None] | None = None
+        self._last_sync_ms = 0
+        self.stats = ShardStats()
+        self._queue_gauge = metrics.event_queue_size.labels(str(partition))
+        self._idle_gauge = metrics.thread_idle_ratio.labels(str(partition))
+        self._bytes_gauge = metrics.log_bytes.labels(str(partition))
+        self.loaded_records = 0
+        self.skipped_records = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Open and replay the partition log, then start serving."""
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(self._load_blocking)
+        except Exception as exc:  # a shard that cannot load fails alone; others keep serving
+            self.state = FAILED
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.error("partition failed to load", partition=self.partition, error=self.failure)
+            return
+        self.metrics.partition_load_seconds.observe(time.monotonic() - started)
+        if self.recovery is not None and not self.recovery.clean:
+            self.metrics.log_corruptions.labels(str(self.partition)).inc()
+            log.warning("partition log recovered with truncation", partition=self.partition,
+                        report=self.recovery.summary())
+        self.state = ACTIVE
+        self._consumer = asyncio.create_task(self._run(), name=f"shard-{self.partition}")
+        self._compactor = asyncio.create_task(self._compact_loop(), name=f"compact-{self.partition}")
+        # Fresh session timeouts, re-armed timers, restarted computations.
+        self._submit(_Event("write", lambda core, now: core.on_loaded(now), None))
+        log.info("partition loaded", partition=self.partition, records=self.loaded_records,
+                 groups=len(self.core.state.groups), seconds=round(time.monotonic() - started, 3))
+
+    def _load_blocking(self) -> None:
+        self.log, self.recovery = PartitionLog.open(self.directory, segment_bytes=self.segment_bytes)
+        for _offset, key, value in self.log.read():
+            try:
+                record = serde.decode_record(key, value)
+            except serde.UnknownRecordType as exc:
+                self.skipped_records += 1
+                log.warning("skipping unknown record type", partition=self.partition, error=str(exc))
+                continue
+            self.core.replay(record)
+            self.loaded_records += 1
+        self._bytes_gauge.set(self.log.size_bytes)
+
+    async def close(self) -> None:
+        """Graceful stop: answer what is queued, commit, answer parked heartbeats, close the log."""
+        if self.state != ACTIVE:
+            self.state = CLOSED
+            if self.log is not None:
+                self.log.close()
+            return
+        self.state = CLOSED  # no new events
+        if self._compactor is not None:
+            self._compactor.cancel()
+        done = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait(_Event("read", lambda core: None, done))
+        await done
+        if self._consumer is not None:
+            self._consumer.cancel()
+        for key in list(self._parked):
+            self._release_parked(key)
+        for _deadline, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        if self.log is not None:
+            try:
+                self.log.sync()
+            finally:
+                self.log.close()
+
+    # -- submitting events ------------------------------------------------------------------------
+    def check_available(self) -> None:
+        if self.state == LOADING:
+            raise ShardUnavailable(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                   f"partition {self.partition} is loading")
+        if self.state == FAILED:
+            raise ShardUnavailable(ErrorCode.NOT_COORDINATOR,
+                                   f"partition {self.partition} failed to load: {self.failure}")
+        if self.state == CLOSED:
+            raise ShardUnavailable(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                   "the coordinator is shutting down")
+
+    def _submit(self, event: _Event) -> None:
+        self.queue.put_nowait(event)
+        self._queue_gauge.set(self.queue.qsize())
+
+    def write(
+        self, fn: Callable[[GroupCoordinator, int], Result], error: Callable[[int, str], Any]
+    ) -> asyncio.Future[Any]:
+        """Run a write handler; the future gets its response once its records are durable."""
+        self.check_available()
+        future = asyncio.get_running_loop().create_future()
+        self._submit(_Event("write", fn, future, error))
+        return future
+
+    def read(self, fn: Callable[[GroupCoordinator], Any]) -> asyncio.Future[Any]:
+        """Run a read against committed state."""
+        self.check_available()
+        future = asyncio.get_running_loop().create_future()
+        self._submit(_Event("read", fn, future))
+        return future
+
+    def heartbeat(
+        self, req: ConnectGroupHeartbeatRequest, ctx: RequestContext,
+        error: Callable[[int, str], Any],
+    ) -> asyncio.Future[Any]:
+        self.check_available()
+        future = asyncio.get_running_loop().create_future()
+
+        def committed(result: Result) -> None:
+            self._heartbeat_committed(req, ctx, result, future)
+
+        self._submit(_Event("write", lambda core, now: core.heartbeat(req, now, ctx), future,
+                            error, on_commit=committed))
+        return future
+
+    # -- the consumer -----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        queue = self.queue
+        while True:
+            event = await queue.get()
+            started = time.monotonic()
+            batch = [event]
+            while len(batch) < MAX_DRAIN and not queue.empty():
+                batch.append(queue.get_nowait())
+            self._queue_gauge.set(queue.qsize())
+            pending: list[tuple[_Event, Result]] = []
+            for ev in batch:
+                if ev.kind == "read":
+                    await self._commit(pending)
+                    pending = []
+                    self._resolve_read(ev)
+                    continue
+                result = self._apply(ev)
+                if result is not None:
+                    pending.append((ev, result))
+            await self._commit(pending)
+            self.stats.busy_s += time.monotonic() - started
+            elapsed = time.monotonic() - self.stats.started
+            if elapsed > 0:
+                self._idle_gauge.set(max(0.0, 1.0 - self.stats.busy_s / elapsed))
+
+    def _resolve_read(self, ev: _Event) -> None:
+        try:
+            value = ev.fn(self.core)
+        except Exception as exc:  # never let a bad read kill the shard
+            log.error("read failed", partition=self.partition, error=repr(exc))
+            if ev.future is not None and not ev.future.done():
+                ev.future.set_exception(exc)
+            return
+        if ev.future is not None and not ev.future.done():
+            ev.future.set_result(value)
+
+    def _apply(self, ev: _Event) -> Result | None:
+        now = now_ms()
+        try:
+            result: Result = ev.fn(self.core, now)
+        except Exception as exc:  # the core answers errors itself; this is a bug: contain it
+            log.error("handler failed", partition=self.partition, error=repr(exc))
+            self._fail_event(ev, ErrorCode.UNKNOWN_SERVER_ERROR, f"internal error: {exc!r}")
+            return None
+        if result.records:
+            started = time.monotonic()
+            try:
+                assert self.log is not None
+                self.log.append([serde.encode_record(r) for r in result.records], now)
+            except Exception as exc:
+                self.core.rollback(result)
+                log.error("log append failed", partition=self.partition, error=repr(exc))
+                self._fail_event(ev, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                 f"could not write the coordinator log: {exc}")
+                return None
+            self.metrics.log_append_seconds.observe(time.monotonic() - started)
+        return result
+
+    def _fail_event(self, ev: _Event, code: int, message: str) -> None:
+        if ev.future is None or ev.future.done():
+            return
+        if ev.error is not None:
+            ev.future.set_result(ev.error(code, message))
+        else:
+            ev.future.set_exception(ShardUnavailable(code, message))
+
+    async def _commit(self, pending: list[tuple[_Event, Result]]) -> None:
+        if not pending:
+            return
+        wrote = any(result.records for _, result in pending)
+        if wrote and self.log is not None:
+            now = now_ms()
+            if self.fsync.sync_before_release or self.fsync.sync_due(now, self._last_sync_ms):
+                started = time.monotonic()
+                try:
+                    await asyncio.to_thread(self.log.sync)
+                except Exception as exc:
+                    # The log cut itself back to its durable offset: undo every pending result.
+                    log.error("log fsync failed", partition=self.partition, error=repr(exc))
+                    for ev, result in reversed(pending):
+                        self.core.rollback(result)
+                        self._fail_event(ev, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                         f"could not sync the coordinator log: {exc}")
+                    return
+                self._last_sync_ms = now
+                self.metrics.log_fsync_seconds.observe(time.monotonic() - started)
+            self._bytes_gauge.set(self.log.size_bytes)
+        wake: set[tuple[str, str]] = set()
+        for ev, result in pending:
+            self._apply_timers(result)
+            wake |= result.wake
+            for key, value in result.records:
+                if type(key) is GroupMetadataKey and value is not None and value.epoch > 0:
+                    self.metrics.rebalances.inc()
+            if ev.on_commit is not None:
+                ev.on_commit(result)
+            elif ev.future is not None and not ev.future.done():
+                ev.future.set_result(result.response)
+        for key in wake:
+            self._refresh_parked(key)
+
+    # -- timers -----------------------------------------------------------------------------------
+    def _apply_timers(self, result: Result) -> None:
+        loop = asyncio.get_running_loop()
+        for op in result.timers:
+            old = self._timers.pop(op.key, None)
+            if old is not None:
+                old[1].cancel()
+            if op.deadline_ms is not None:
+                delay = max(0.0, (op.deadline_ms - now_ms()) / 1000)
+                handle = loop.call_later(delay, self._fire, op.key, op.deadline_ms)
+                self._timers[op.key] = (op.deadline_ms, handle)
+
+    def _fire(self, key: TimerKey, deadline: int) -> None:
+        current = self._timers.get(key)
+        if current is None or current[0] != deadline or self.state != ACTIVE:
+            return
+        late = deadline - now_ms()
+        if late > 0:  # the monotonic and wall clocks drifted: wait the rest
+            handle = asyncio.get_running_loop().call_later(late / 1000, self._fire, key, deadline)
+            self._timers[key] = (deadline, handle)
+            return
+        del self._timers[key]
+        self._submit(_Event("write", lambda core, now: core.on_timer(key, now), None))
+
+    def timer_deadlines(self) -> dict[TimerKey, int]:
+        return {k: d for k, (d, _) in self._timers.items()}
+
+    # -- long poll --------------------------------------------------------------------------------
+    @staticmethod
+    def _quiet(req: ConnectGroupHeartbeatRequest, resp: Any) -> bool:
+        return (
+            resp.error_code == 0 and resp.assignment is None
+            and not resp.should_compute_assignment
+            and resp.member_epoch == req.member_epoch and req.member_epoch > 0
+        )
+
+    def _heartbeat_committed(
+        self, req: ConnectGroupHeartbeatRequest, ctx: RequestContext, result: Result,
+        future: asyncio.Future[Any],
+    ) -> None:
+        resp = result.response
+        key = (req.group_id, req.member_id)
+        previous = self._parked.pop(key, None)
+        if previous is not None:  # a newer heartbeat from the same member supersedes it
+            self._answer(previous, previous.response)
+        wait_ms = req.max_wait_ms
+        if future.done():
+            return
+        if wait_ms <= 0 or not self._quiet(req, resp):
+            future.set_result(resp)
+            return
+        g = self.core.group(req.group_id)
+        session_ms, interval_ms = self.core.config.for_group(g.configs if g else {})
+        wait_ms = min(wait_ms, max(0, session_ms - interval_ms))
+        if wait_ms <= 0:
+            future.set_result(resp)
+            return
+        parked = _Parked(future, resp, req, ctx)
+        parked.handle = asyncio.get_running_loop().call_later(
+            wait_ms / 1000, self._release_parked, key)
+        self._parked[key] = parked
+        self.metrics.parked.inc()
+
+    def _answer(self, parked: _Parked, response: Any) -> None:
+        if parked.handle is not None:
+            parked.handle.cancel()
+        self.metrics.parked.dec()
+        if not parked.future.done():
+            parked.future.set_result(response)
+
+    def _release_parked(self, key: tuple[str, str]) -> None:
+        parked = self._parked.pop(key, None)
+        if parked is not None:
+            self._answer(parked, parked.response)
+
+    def _refresh_parked(self, key: tuple[str, str]) -> None:
+        parked = self._parked.get(key)
+        if parked is None or parked.refreshing or self.state != ACTIVE:
+            return
+        parked.refreshing = True
+        req = parked.request
+        probe = ConnectGroupHeartbeatRequest(
+            group_id=req.group_id, member_id=req.member_id, member_epoch=req.member_epoch,
+        )
+
+        def committed(result: Result) -> None:
+            parked.refreshing = False
+            if self._parked.get(key) is not parked:
+                return
+            if not self._quiet(probe, result.response):
+                del self._parked[key]
+                self._answer(parked, result.response)
+
+        self._submit(_Event("write", lambda core, now: core.heartbeat(probe, now, parked.ctx),
+                            None, on_commit=committed))
+
+    @property
+    def parked_count(self) -> int:
+        return len(self._parked)
+
+    # -- compaction -------------------------------------------------------------------------------
+    async def _compact_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.compaction_interval_ms / 1000)
+            if self.log is None or self.state != ACTIVE:
+                continue
+            try:
+                report = await asyncio.to_thread(
+                    self.log.compact, now_ms(), self.tombstone_retention_ms)
+            except Exception as exc:
+                log.error("compaction failed", partition=self.partition, error=repr(exc))
+                continue
+            log.debug("compacted", partition=self.partition, report=str(report))
+            self._bytes_gauge.set(self.log.size_bytes)

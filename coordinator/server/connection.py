@@ -1,0 +1,182 @@
+"""One client connection: frames in, responses out, in request order (Kafka's rule).
+
+An ``asyncio.Protocol`` (not streams: measured faster) feeding a :class:`FrameDecoder`. Each
+complete frame becomes a *slot* in the connection's response queue; a slot is filled when its
+request is answered (at once, or when the shard commits it, or when a parked long-poll heartbeat
+returns), and responses are written strictly in slot order, so a parked heartbeat holds back the
+requests behind it on the same connection, as PROTOCOL.md says.
+
+Malformed frames (bad size, oversized, unparseable header) close the connection; nothing else
+about one connection can affect another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from connect_wire import codec
+from connect_wire.apis import APIS
+from connect_wire.errors import ErrorCode
+from connect_wire.framing import (
+    FrameDecoder,
+    FramingError,
+    MalformedHeader,
+    encode_response_frame,
+    parse_request_header,
+    peek_request_api,
+)
+from coordinator import logs
+from coordinator.group.coordinator import RequestContext
+
+if TYPE_CHECKING:
+    from coordinator.server.app import CoordinatorServer
+
+log = logs.get("coordinator.connection")
+MAX_PENDING = 1024
+
+
+@dataclass
+class _Slot:
+    correlation_id: int
+    header_version: int
+    api: str
+    started: float
+    frame: bytes | None = None
+    error_code: int = 0
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: CoordinatorServer) -> None:
+        self.server = server
+        self.decoder = FrameDecoder(server.max_frame_bytes)
+        self.pending: deque[_Slot] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.last_request = time.monotonic()
+        self.closed = False
+        self._paused = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else str(peer)
+        if not self.server.register(self):
+            log.warning("connection limit reached: closing", peer=self.peer)
+            self.closed = True
+            transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.unregister(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except FramingError as exc:
+            log.info("closing connection: bad frame", peer=self.peer, error=str(exc))
+            self.close()
+            return
+        for frame in frames:
+            self.last_request = time.monotonic()
+            self._handle(frame)
+
+    def eof_received(self) -> bool | None:
+        return None  # close once we answered what we got
+
+    # -- requests ------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def _handle(self, frame: bytes) -> None:
+        try:
+            api_key, version, correlation_id = peek_request_api(frame)
+        except MalformedHeader as exc:
+            log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
+            self.close()
+            return
+        api = APIS.get(api_key)
+        started = time.monotonic()
+        if api is None or not api.supports(version):
+            # UNSUPPORTED_VERSION, answered as Kafka answers an ApiVersions it cannot serve: an
+            # ApiVersionsResponse v0 listing what we support (header v0).
+            name = api.name if api is not None else f"Unknown({api_key})"
+            slot = _Slot(correlation_id, 0, name, started)
+            self.pending.append(slot)
+            self._fill(slot, self.server.router.api_versions(0, ErrorCode.UNSUPPORTED_VERSION),
+                       ErrorCode.UNSUPPORTED_VERSION)
+            return
+        try:
+            header, offset = parse_request_header(frame, api.request_header_version(version) == 2)
+        except MalformedHeader as exc:
+            log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
+            self.close()
+            return
+        slot = _Slot(correlation_id, api.response_header_version(version), api.name, started)
+        self.pending.append(slot)
+        if len(self.pending) >= MAX_PENDING and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        try:
+            request = codec.decode(api.request_class(version), frame, offset)[0]
+        except codec.DecodeError as exc:
+            response = self.server.router.malformed(api_key, version, str(exc))
+            if response is None:  # a Kafka API: Kafka closes the connection too
+                log.info("closing connection: malformed request", peer=self.peer, api=api.name,
+                         error=str(exc))
+                self.pending.remove(slot)
+                self.close()
+                return
+            self._fill(slot, response, ErrorCode.INVALID_REQUEST)
+            return
+        ctx = RequestContext(client_id=header.client_id or "", client_host=self.peer)
+        try:
+            answer = self.server.router.dispatch(api_key, version, request, ctx)
+        except Exception as exc:  # a bug must not take the daemon down
+            log.error("request failed", api=api.name, error=repr(exc))
+            self.pending.remove(slot)
+            self.close()
+            return
+        if isinstance(answer, asyncio.Future):
+            answer.add_done_callback(lambda f: self._done(slot, f))
+        else:
+            self._fill(slot, answer, getattr(answer, "error_code", 0))
+
+    def _done(self, slot: _Slot, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            self.close()
+            return
+        exc = future.exception()
+        if exc is not None:
+            log.error("request failed", api=slot.api, error=repr(exc))
+            self.close()
+            return
+        response = future.result()
+        self._fill(slot, response, int(getattr(response, "error_code", 0) or 0))
+
+    def _fill(self, slot: _Slot, response: Any, error_code: int) -> None:
+        body = codec.encode(response)
+        slot.frame = encode_response_frame(slot.correlation_id, body, slot.header_version)
+        slot.error_code = int(error_code)
+        self._flush()
+
+    def _flush(self) -> None:
+        metrics = self.server.metrics
+        while self.pending and self.pending[0].frame is not None:
+            slot = self.pending.popleft()
+            if not self.closed and self.transport is not None:
+                self.transport.write(slot.frame)  # type: ignore[arg-type]
+            metrics.request_done(slot.api, slot.error_code, time.monotonic() - slot.started)
+        if self._paused and len(self.pending) < MAX_PENDING // 2 and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+
+    @property
+    def idle_for(self) -> float:
+        return time.monotonic() - self.last_request if not self.pending else 0.0

@@ -1,0 +1,166 @@
+"""Answers to the Kafka APIs the daemon speaks so that Kafka tooling and clients can bootstrap:
+ApiVersions, Metadata (this node as the only broker, no topics), FindCoordinator (v0-v3 single
+key, v4+ batched ``CoordinatorKeys``; key type 0 = group), ListGroups (v5 ``TypesFilter``) and
+DescribeGroups. The classes are kio's own, per version; :func:`build` fills a response of any
+version from one dict of values, dropping what that version does not have.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import MISSING, fields, is_dataclass
+from types import NoneType, UnionType
+from typing import Any, get_args, get_origin
+
+from kio.schema.errors import ErrorCode as KioErrorCode
+from kio.static.primitive import i32Timedelta, i64Timedelta
+
+from connect_wire.apis import APIS
+from connect_wire.errors import ErrorCode
+
+CLUSTER_ID = "connect-coordinator"
+NODE_ID = 0
+
+
+def _kio_error(code: int) -> KioErrorCode:
+    try:
+        return KioErrorCode(code)
+    except ValueError:
+        return KioErrorCode.unknown_server_error
+
+
+def _convert(tp: Any, kafka_type: str | None, value: Any) -> Any:
+    origin = get_origin(tp)
+    if origin is UnionType:
+        if value is None:
+            return None
+        tp = next(a for a in get_args(tp) if a is not NoneType)
+        origin = get_origin(tp)
+    if origin is tuple:
+        inner = get_args(tp)[0]
+        return tuple(_convert(inner, kafka_type, v) for v in value)
+    if is_dataclass(tp):
+        return value if isinstance(value, tp) else build(tp, value)  # type: ignore[arg-type]
+    if kafka_type == "error_code":
+        return _kio_error(int(value))
+    if kafka_type == "timedelta_i32":
+        return i32Timedelta.parse(datetime.timedelta(milliseconds=int(value)))
+    if kafka_type == "timedelta_i64":
+        return i64Timedelta.parse(datetime.timedelta(milliseconds=int(value)))
+    return value
+
+
+def _implicit(tp: Any, kafka_type: str | None) -> Any:
+    origin = get_origin(tp)
+    if origin is UnionType:
+        return None
+    if origin is tuple:
+        return ()
+    if is_dataclass(tp):
+        return build(tp, {})  # type: ignore[arg-type]
+    return {
+        "error_code": KioErrorCode.none,
+        "timedelta_i32": i32Timedelta.parse(datetime.timedelta(0)),
+        "timedelta_i64": i64Timedelta.parse(datetime.timedelta(0)),
+        "string": "",
+        "bytes": b"",
+        "bool": False,
+        "uuid": uuid.UUID(int=0),
+    }.get(kafka_type or "", 0)
+
+
+def build(cls: type, values: dict[str, Any]) -> Any:
+    """An instance of kio class ``cls`` from ``values`` (missing fields: their defaults)."""
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        kafka_type = f.metadata.get("kafka_type")
+        if f.name in values:
+            kwargs[f.name] = _convert(f.type, kafka_type, values[f.name])
+        elif f.default is MISSING and f.default_factory is MISSING:
+            kwargs[f.name] = _implicit(f.type, kafka_type)
+    return cls(**kwargs)
+
+
+def api_versions(version: int, error: int = 0) -> Any:
+    cls = APIS[18].response_class(min(version, 3) if error == 0 else 0)
+    return build(cls, {
+        "error_code": error,
+        "api_keys": [
+            {"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
+            for a in sorted(APIS.values(), key=lambda a: a.key)
+        ],
+        "throttle_time": 0,
+    })
+
+
+def metadata(cls: type, request: Any, host: str, port: int) -> Any:
+    topics = []
+    for t in getattr(request, "topics", None) or ():
+        name = getattr(t, "name", None)
+        topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name,
+                       "topic_id": uuid.UUID(int=0), "is_internal": False, "partitions": []})
+    return build(cls, {
+        "throttle_time": 0,
+        "brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+        "cluster_id": CLUSTER_ID,
+        "controller_id": NODE_ID,
+        "topics": topics,
+        "cluster_authorized_operations": -2147483648,
+    })
+
+
+def find_coordinator(cls: type, request: Any, version: int, host: str, port: int) -> Any:
+    def answer(key: str, key_type: int) -> dict[str, Any]:
+        if key_type != 0:
+            return {"key": key, "node_id": -1, "host": "", "port": -1,
+                    "error_code": ErrorCode.INVALID_REQUEST,
+                    "error_message": f"only group coordinators (key type 0) are served, not {key_type}"}
+        if not key:
+            return {"key": key, "node_id": -1, "host": "", "port": -1,
+                    "error_code": ErrorCode.INVALID_GROUP_ID, "error_message": "empty group id"}
+        return {"key": key, "node_id": NODE_ID, "host": host, "port": port,
+                "error_code": 0, "error_message": None}
+
+    key_type = getattr(request, "key_type", 0)
+    if version >= 4:
+        return build(cls, {"throttle_time": 0, "coordinators": [
+            answer(k, key_type) for k in request.coordinator_keys]})
+    one = answer(request.key, key_type)
+    return build(cls, {"throttle_time": 0, **one})
+
+
+def list_groups(cls: type, request: Any, groups: list[tuple[str, str]]) -> Any:
+    states = {s.lower() for s in getattr(request, "states_filter", None) or ()}
+    types = {t.lower() for t in getattr(request, "types_filter", None) or ()}
+    listed = []
+    if not types or "connect" in types:
+        for group_id, state in sorted(groups):
+            if states and state.lower() not in states:
+                continue
+            listed.append({"group_id": group_id, "protocol_type": "connect",
+                           "group_state": state, "group_type": "connect"})
+    return build(cls, {"throttle_time": 0, "error_code": 0, "groups": listed})
+
+
+def describe_groups(cls: type, described: list[Any]) -> Any:
+    """``described``: ConnectGroupDescribeResponse.DescribedGroup values (or None: unknown)."""
+    groups = []
+    for group_id, d in described:
+        if d is None or d.error_code == ErrorCode.GROUP_ID_NOT_FOUND:
+            groups.append({"error_code": 0, "group_id": group_id, "group_state": "Dead",
+                           "protocol_type": "", "protocol_data": "", "members": [],
+                           "authorized_operations": -2147483648})
+            continue
+        groups.append({
+            "error_code": 0, "group_id": group_id, "group_state": d.group_state,
+            "protocol_type": "connect", "protocol_data": d.assignor_name or "",
+            "members": [
+                {"member_id": m.member_id, "group_instance_id": m.instance_id,
+                 "client_id": m.client_id, "client_host": m.client_host,
+                 "member_metadata": b"", "member_assignment": b""}
+                for m in d.members
+            ],
+            "authorized_operations": -2147483648,
+        })
+    return build(cls, {"throttle_time": 0, "groups": groups})
