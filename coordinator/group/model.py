@@ -13,43 +13,17 @@ records is in :class:`SoftState` and is rebuilt (with fresh deadlines) after a l
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-CONNECTOR = -1
-
-
-class Item(NamedTuple):
-    """A connector (``task == -1``) or one of its tasks."""
-
-    connector: str
-    task: int
-
-    def __str__(self) -> str:
-        return self.connector if self.task == CONNECTOR else f"{self.connector}/{self.task}"
-
-
-EMPTY: frozenset[Item] = frozenset()
-
-
-def items_from_wire(connectors: Iterable[str] | None, tasks: Iterable[Any] | None) -> frozenset[Item]:
-    """Items from wire lists (``tasks`` holds objects with ``connector`` and ``task``)."""
-    out = {Item(c, CONNECTOR) for c in connectors or ()}
-    out.update(Item(t.connector, t.task) for t in tasks or ())
-    return frozenset(out)
-
-
-def split_items(items: Iterable[Item]) -> tuple[list[str], list[Item]]:
-    """(sorted connector names, sorted task items) of ``items``."""
-    connectors = sorted(i.connector for i in items if i.task == CONNECTOR)
-    tasks = sorted(i for i in items if i.task != CONNECTOR)
-    return connectors, tasks
-
-
-def connector_items(name: str, task_count: int) -> list[Item]:
-    """The connector item and its tasks."""
-    return [Item(name, CONNECTOR), *(Item(name, t) for t in range(task_count))]
+from connect_wire.items import (  # noqa: F401 - re-exported: the model's vocabulary
+    CONNECTOR,
+    EMPTY,
+    Item,
+    connector_items,
+    items_from_wire,
+    split_items,
+)
 
 
 class MemberState(enum.IntEnum):

@@ -1,0 +1,306 @@
+"""The worker side of the connect group protocol, as a pure state machine.
+
+Theory of operation (seed 000 "Rebalance Process", KIP-848 "Response Handling")
+--------------------------------------------------------------------------------
+The async worker loop asks :meth:`Membership.heartbeat_request` what to send, sends it, and
+feeds the answer to :meth:`Membership.on_response`, which returns *actions* for the loop to
+carry out, in order:
+
+* :class:`Revoke` — stop these connectors/tasks, call ``on_revoked``, then call
+  :meth:`Membership.revoked` and heartbeat **at once** with the new owned lists (the coordinator
+  gives the member nothing new until it acknowledged).
+* :class:`Assign` — start these, call ``on_assigned``, then :meth:`Membership.assigned`.
+* :class:`Lost` — fenced (FENCED_MEMBER_EPOCH / UNKNOWN_MEMBER_ID): stop everything at once,
+  call ``on_lost``, then :meth:`Membership.revoked`; only then does the member rejoin, with
+  epoch 0 and the **same member id**. The same happens on the worker's own initiative when it
+  has not had a successful heartbeat for its session timeout (:meth:`Membership.check_session`):
+  by then the coordinator has removed it and may have given its work to others, so a zombie
+  stops rather than run a task twice.
+* :class:`Compute` — this member was chosen to compute the group's assignment.
+* :class:`Fatal` — an error retrying cannot fix (e.g. UNSUPPORTED_ASSIGNOR): stop the worker.
+
+Revocations always come first: if one response both removes and adds items (the coordinator
+never does that, but an old member's state might), the loop gets ``Revoke`` then ``Assign``.
+
+Requests: the join (epoch 0) carries every field; afterwards only what changed since the last
+request the coordinator is known to have processed (owned lists, assignors, URL). After an
+error, a timeout or a reconnect the next request carries everything again, since the previous
+one may or may not have been applied. Leaving: -1 after stopping all work, -2 for a static
+member's planned restart (its work stays held for it until its session expires).
+
+No I/O, no clock: times are passed in (``now_ms``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from connect_wire.errors import ErrorCode, error_name
+from connect_wire.items import EMPTY, Item, items_from_wire, split_items
+from connect_wire.messages import ConnectGroupHeartbeatRequest, ConnectGroupHeartbeatResponse
+from connect_wire.messages import connect_group_heartbeat_request_v0 as _hb
+
+E = ErrorCode
+
+
+class State(enum.Enum):
+    UNJOINED = "unjoined"
+    JOINING = "joining"
+    RECONCILING = "reconciling"
+    STABLE = "stable"
+    LEAVING = "leaving"
+    LEFT = "left"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class AssignorAd:
+    """An assignor as advertised in the heartbeat."""
+
+    name: str
+    minimum_version: int
+    maximum_version: int
+    reason: int = 0
+    metadata_version: int = 0
+    metadata: bytes = b""
+
+
+@dataclass(frozen=True)
+class Revoke:
+    items: frozenset[Item]
+
+
+@dataclass(frozen=True)
+class Assign:
+    items: frozenset[Item]
+    error: int = 0
+    metadata_version: int = 0
+    metadata: bytes = b""
+
+
+@dataclass(frozen=True)
+class Lost:
+    items: frozenset[Item]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Compute:
+    member_epoch: int
+
+
+@dataclass(frozen=True)
+class Fatal:
+    code: int
+    message: str
+
+
+Action = Revoke | Assign | Lost | Compute | Fatal
+
+# Errors after which retrying (with the next heartbeat, everything resent) is right.
+RETRY = {
+    E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS,
+    E.REQUEST_TIMED_OUT, E.NETWORK_EXCEPTION, E.UNKNOWN_SERVER_ERROR,
+    E.UNRELEASED_INSTANCE_ID,  # our previous incarnation still holds the instance: wait
+}
+FENCED = {E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID}
+
+
+@dataclass
+class Membership:
+    group_id: str
+    assignors: Sequence[AssignorAd]
+    rebalance_timeout_ms: int = 60_000
+    member_id: str = ""
+    instance_id: str | None = None
+    worker_url: str | None = None
+    max_wait_ms: int = 0
+    """Long poll: how long the coordinator may hold a heartbeat (0: answer at once)."""
+    session_timeout_ms: int = 10_000
+    """The coordinator's session timeout: with no successful heartbeat for this long the
+    worker stops its work by itself."""
+
+    state: State = State.UNJOINED
+    member_epoch: int = 0
+    owned: frozenset[Item] = EMPTY
+    """What this worker runs now (what it reports)."""
+    assigned: frozenset[Item] = EMPTY
+    """What the coordinator last said this worker may run."""
+    heartbeat_interval_ms: int = 3_000
+    next_heartbeat_ms: int = 0
+    resend_all: bool = True
+    _sent_owned: frozenset[Item] | None = None
+    _sent_assignors: tuple[AssignorAd, ...] | None = None
+    _sent_url: str | None = None
+    _in_flight: ConnectGroupHeartbeatRequest | None = field(default=None, repr=False)
+    failure: Fatal | None = None
+    last_success_ms: int | None = None
+    stopping_lost: bool = False
+    """Work was lost: no heartbeat until the loop reports it stopped (``revoked``)."""
+
+    # -- requests ------------------------------------------------------------------------------
+    def join(self, now_ms: int = 0) -> None:
+        """Start (or restart) joining: the next heartbeat is a full epoch-0 request."""
+        self.state = State.JOINING
+        self.member_epoch = 0
+        self.resend_all = True
+        self.next_heartbeat_ms = now_ms
+
+    def heartbeat_due(self, now_ms: int) -> bool:
+        return (
+            self.state in (State.JOINING, State.RECONCILING, State.STABLE)
+            and not self.stopping_lost
+            and now_ms >= self.next_heartbeat_ms
+        )
+
+    def check_session(self, now_ms: int) -> Lost | None:
+        """Self-fencing: no successful heartbeat for the session timeout -> stop everything."""
+        if self.last_success_ms is None or self.stopping_lost or not self.owned:
+            return None
+        if now_ms - self.last_success_ms < self.session_timeout_ms:
+            return None
+        return self._lose(now_ms, "no successful heartbeat within the session timeout")
+
+    def _lose(self, now_ms: int, reason: str) -> Lost:
+        lost = self.owned
+        self.assigned = EMPTY
+        self._sent_owned = None
+        self.join(now_ms)  # same member id, epoch 0, once the work is stopped
+        self.stopping_lost = bool(lost)
+        return Lost(lost, reason)
+
+    def heartbeat_request(self, now_ms: int, max_wait_ms: int | None = None) -> ConnectGroupHeartbeatRequest:
+        """The next heartbeat to send (full on join and after any doubt; else only changes)."""
+        full = self.resend_all or self.member_epoch == 0
+        owned_connectors = owned_tasks = None
+        if full or self._sent_owned != self.owned:
+            connectors, tasks = split_items(self.owned)
+            owned_connectors = tuple(connectors)
+            owned_tasks = tuple(_hb.TaskId(connector=t.connector, task=t.task) for t in tasks)
+        assignors = tuple(self.assignors)
+        wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
+        req = ConnectGroupHeartbeatRequest(
+            group_id=self.group_id,
+            member_id=self.member_id,
+            member_epoch=self.member_epoch,
+            instance_id=self.instance_id if full else None,
+            rebalance_timeout_ms=self.rebalance_timeout_ms if full else -1,
+            worker_url=self.worker_url if (full or self._sent_url != self.worker_url) else None,
+            client_assignors=(
+                tuple(_ad(a) for a in assignors) if (full or self._sent_assignors != assignors) else None
+            ),
+            owned_connectors=owned_connectors,
+            owned_tasks=owned_tasks,
+            # Never long-poll while something is to acknowledge or we are joining.
+            max_wait_ms=wait if (self.state == State.STABLE and not full) else 0,
+        )
+        self._in_flight = req
+        return req
+
+    def leave_request(self, static: bool = False) -> ConnectGroupHeartbeatRequest:
+        """-1 (leave; call after stopping all work) or -2 (static member, planned restart)."""
+        if static and self.instance_id is None:
+            raise ValueError("only a static member (with an instance id) can leave with -2")
+        self.state = State.LEAVING
+        return ConnectGroupHeartbeatRequest(
+            group_id=self.group_id, member_id=self.member_id,
+            member_epoch=-2 if static else -1, instance_id=self.instance_id if static else None,
+        )
+
+    def left(self) -> None:
+        self.state = State.LEFT
+        self.member_epoch = 0
+        self.assigned = EMPTY
+
+    # -- responses -----------------------------------------------------------------------------
+    def on_failure(self, now_ms: int, backoff_ms: int) -> None:
+        """The request failed or timed out (no response): resend everything after a backoff."""
+        self.resend_all = True
+        self._in_flight = None
+        self.next_heartbeat_ms = now_ms + backoff_ms
+
+    def on_response(self, resp: ConnectGroupHeartbeatResponse, now_ms: int) -> list[Action]:
+        sent = self._in_flight
+        self._in_flight = None
+        code = resp.error_code
+        if code != 0:
+            return self._on_error(code, resp.error_message, now_ms)
+        if sent is not None:
+            self.resend_all = False
+            if sent.owned_connectors is not None:
+                self._sent_owned = items_from_wire(sent.owned_connectors, sent.owned_tasks)
+            if sent.client_assignors is not None:
+                self._sent_assignors = tuple(self.assignors)
+            if sent.worker_url is not None:
+                self._sent_url = sent.worker_url
+        self.last_success_ms = now_ms
+        if resp.member_id:
+            self.member_id = resp.member_id
+        if resp.heartbeat_interval_ms > 0:
+            self.heartbeat_interval_ms = resp.heartbeat_interval_ms
+        self.member_epoch = resp.member_epoch
+        self.next_heartbeat_ms = now_ms + self.heartbeat_interval_ms
+        actions: list[Action] = []
+        a = resp.assignment
+        if a is not None:
+            new = items_from_wire(a.connectors, a.tasks)
+            self.assigned = new
+            revoke = self.owned - new
+            add = new - self.owned
+            if revoke:
+                actions.append(Revoke(frozenset(revoke)))
+            if add:
+                actions.append(Assign(frozenset(add), a.error, a.metadata_version, a.metadata_bytes))
+        self._settle_state()
+        if resp.should_compute_assignment:
+            actions.append(Compute(self.member_epoch))
+        return actions
+
+    def _on_error(self, code: int, message: str | None, now_ms: int) -> list[Action]:
+        text = f"{error_name(code)}: {message or ''}".rstrip(": ")
+        if code in FENCED:
+            return [self._lose(now_ms, text)]
+        if code in RETRY:
+            self.resend_all = True
+            self.next_heartbeat_ms = now_ms + min(self.heartbeat_interval_ms, 1_000)
+            return []
+        # UNSUPPORTED_ASSIGNOR, GROUP_MAX_SIZE_REACHED, FENCED_INSTANCE_ID, INVALID_REQUEST, ...
+        self.state = State.FAILED
+        self.failure = Fatal(code, text)
+        return [self.failure]
+
+    def _settle_state(self) -> None:
+        if self.state in (State.LEAVING, State.LEFT, State.FAILED):
+            return
+        if self.member_epoch == 0:
+            self.state = State.JOINING
+        elif self.owned != self.assigned:
+            self.state = State.RECONCILING
+        else:
+            self.state = State.STABLE
+
+    # -- the loop reports what it did ------------------------------------------------------------
+    def revoked(self, items: frozenset[Item], now_ms: int) -> None:
+        """These items are stopped (after a Revoke or a Lost): report at once."""
+        self.owned = self.owned - items
+        self.next_heartbeat_ms = now_ms
+        if not self.owned:
+            self.stopping_lost = False
+        self._settle_state()
+
+    def assigned_started(self, items: frozenset[Item], now_ms: int) -> None:
+        """These items run now (or are being restarted by the runtime): report on the next beat."""
+        self.owned = self.owned | (items & self.assigned)
+        if self.owned != self._sent_owned:
+            self.next_heartbeat_ms = min(self.next_heartbeat_ms, now_ms)
+        self._settle_state()
+
+
+
+def _ad(a: AssignorAd) -> _hb.Assignor:
+    return _hb.Assignor(
+        name=a.name, minimum_version=a.minimum_version, maximum_version=a.maximum_version,
+        reason=a.reason, metadata_version=a.metadata_version, metadata_bytes=a.metadata,
+    )
