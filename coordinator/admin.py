@@ -44,7 +44,8 @@ class AdminClient:
     def _read_exactly(self, n: int) -> bytes:
         chunks = []
         while n:
-            chunk = self.sock.recv(n)
+            # Bounded reads: recv(n) allocates n bytes, whatever size the peer declared.
+            chunk = self.sock.recv(min(n, 1 << 16))
             if not chunk:
                 raise AdminError(f"{self.address[0]}:{self.address[1]} closed the connection")
             chunks.append(chunk)
@@ -62,6 +63,8 @@ class AdminClient:
         try:
             self.sock.sendall(frame)
             (size,) = struct.unpack(">i", self._read_exactly(4))
+            if size < 0:  # was a ValueError from recv(), escaping the AdminError contract
+                raise AdminError(f"{self.address[0]}:{self.address[1]} sent a negative frame size")
             body = self._read_exactly(size)
         except (OSError, struct.error) as exc:
             raise AdminError(f"request to {self.address[0]}:{self.address[1]} failed: {exc}") from None

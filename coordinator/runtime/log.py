@@ -78,7 +78,8 @@ runtime appends every request's records and calls sync once per group commit; se
   and re-raises. After any OSError from append() or sync(), :attr:`next_offset` is where the log
   now ends; the runtime must roll back (or reload) any state built from records at or after it.
 * If even that truncation fails, the log is *failed*: every later append/sync raises
-  :class:`LogFailedError` until the runtime closes and reopens it (open() recovers).
+  :class:`LogFailedError` until the runtime closes and reopens it (open() recovers). (A cut
+  that succeeded but whose fsync failed does not fail the log: the next sync() fsyncs it.)
 
 Compaction (:meth:`compact`)
 ----------------------------
@@ -582,6 +583,7 @@ class PartitionLog:
         self._closed = False
         self._failed: str | None = None
         self._dir_dirty = False
+        self._cut_unsynced = False  # a rollback cut whose fsync failed (see _rollback_unsynced)
         self._fd = self._open_active(segments[-1].path)
         self._durable = (next_offset, segments[-1].size)  # (offset, active size) known on disk
         self._compaction_hook: Callable[[str], None] | None = None  # tests: simulate crashes
@@ -743,6 +745,7 @@ class PartitionLog:
         except OSError:
             self._rollback_unsynced()
             raise
+        self._cut_unsynced = False  # the old segment, cut included, is durable now
         with self._lock:
             self._durable = (self._next_offset, old.size)
         base = self._next_offset
@@ -767,7 +770,7 @@ class PartitionLog:
         module doc) and the error re-raised."""
         self._check_writable()
         active = self._segments[-1]
-        if self._durable[0] == self._next_offset and not self._dir_dirty:
+        if self._durable[0] == self._next_offset and not self._dir_dirty and not self._cut_unsynced:
             return
         try:
             self._fsync_fn(self._fd)
@@ -777,6 +780,7 @@ class PartitionLog:
         except OSError:
             self._rollback_unsynced()
             raise
+        self._cut_unsynced = False
         with self._lock:
             self._durable = (self._next_offset, active.size)
 
@@ -787,12 +791,27 @@ class PartitionLog:
             return
         try:
             os.ftruncate(self._fd, size)
-            self._fsync_fn(self._fd)
         except OSError as exc:
             self._fail(f"cannot truncate {active.path.name} back to its durable size {size}: {exc}")
             return
+        # FIX (tests/test_crash_safety.py): the fsync of the cut used to sit in the try above, so
+        # an fsync failure that lasts a moment (the one that made sync() fail is usually still
+        # there when the cut is fsynced right after) marked the log *failed* for good: every later
+        # append raised LogFailedError and, since the runtime never reopens a log, the partition
+        # answered COORDINATOR_NOT_AVAILABLE to every write until the daemon was restarted.
+        # Once ftruncate succeeded the file's end is known (appends go there, O_APPEND), so the
+        # log stays usable; only the cut is not yet durable: the next successful sync() fsyncs
+        # the file (size included) before anything is acknowledged, even with nothing appended
+        # (``_cut_unsynced``). Until then a crash may bring the cut batches back, which is
+        # allowed: they were never acknowledged (their requests got COORDINATOR_NOT_AVAILABLE).
         active.size = size
         self._next_offset = offset
+        try:
+            self._fsync_fn(self._fd)
+        except OSError as exc:
+            self._cut_unsynced = True
+            log.warning("%s: fsync after cutting %s back to %d bytes failed (%s); the next sync "
+                        "retries it", self._dir, active.path.name, size, exc)
 
     def close(self) -> None:
         """Close the log (no fsync: call sync() first for a clean shutdown). A compaction running

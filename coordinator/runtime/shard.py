@@ -28,6 +28,7 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,6 +152,7 @@ class Shard:
                  groups=len(self.core.state.groups), seconds=round(time.monotonic() - started, 3))
 
     def _load_blocking(self) -> None:
+        self.loaded_records = 0
         self.log, self.recovery = PartitionLog.open(self.directory, segment_bytes=self.segment_bytes)
         for _offset, key, value in self.log.read():
             try:
@@ -256,10 +258,47 @@ class Shard:
                 if result is not None:
                     pending.append((ev, result))
             await self._commit(pending)
+            if self.log is not None and self.log.failed is not None:
+                await self._reload()
             self.stats.busy_s += time.monotonic() - started
             elapsed = time.monotonic() - self.stats.started
             if elapsed > 0:
                 self._idle_gauge.set(max(0.0, 1.0 - self.stats.busy_s / elapsed))
+
+    async def _reload(self) -> None:
+        """The log could not even cut itself back after a failed write: its end on disk is
+        unknown. Reopen it (recovery validates what is there) and rebuild the state by replay,
+        retrying while the disk refuses; meanwhile events are answered
+        COORDINATOR_LOAD_IN_PROGRESS (retriable)."""
+        assert self.log is not None
+        reason = self.log.failed
+        log.error("partition log failed: reloading the partition", partition=self.partition,
+                  reason=reason)
+        self.state = LOADING
+        for key in list(self._parked):
+            self._release_parked(key)
+        for _deadline, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        with contextlib.suppress(Exception):
+            self.log.close()
+        delay = 0.1
+        while True:
+            self.core = GroupCoordinator(self.core.config)
+            try:
+                await asyncio.to_thread(self._load_blocking)
+                break
+            except Exception as exc:
+                log.error("partition reload failed; retrying", partition=self.partition,
+                          error=repr(exc), retry_in_s=delay)
+            while not self.queue.empty():
+                self._fail_event(self.queue.get_nowait(), ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                 f"partition {self.partition} is reloading after a log failure")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        self.state = ACTIVE
+        self._submit(_Event("write", lambda core, now: core.on_loaded(now), None))
+        log.info("partition reloaded", partition=self.partition, records=self.loaded_records)
 
     def _resolve_read(self, ev: _Event) -> None:
         try:

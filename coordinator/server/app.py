@@ -31,6 +31,7 @@ from connect_wire.messages import (
 from connect_wire.messages import connect_group_describe_response_v0 as _desc
 from coordinator import logs
 from coordinator.config import ServerConfig
+from coordinator.group.config import ConfigError
 from coordinator.group.coordinator import RequestContext
 from coordinator.metrics import Metrics
 from coordinator.runtime.partitioner import partition_for
@@ -271,15 +272,17 @@ class CoordinatorServer:
         want = str(len(self.shards))
         if marker.exists():
             have = marker.read_text().strip()
+            # A ConfigError (not SystemExit, which exited 1): main_serve reports it as the
+            # configuration error it is and exits 2, like any other invalid setting.
             if have != want:
-                raise SystemExit(
-                    f"connect-coordinator: {self.data_dir} was created with {have} partitions; "
+                raise ConfigError(
+                    f"{self.data_dir} was created with {have} partitions; "
                     f"--partitions {want} would move groups to other partitions. Use {have}.")
         else:
             existing = sorted(self.data_dir.glob("partition-*"))
             if existing:
-                raise SystemExit(
-                    f"connect-coordinator: {self.data_dir} holds partition logs but no "
+                raise ConfigError(
+                    f"{self.data_dir} holds partition logs but no "
                     "'partitions' marker file; write the original partition count into it.")
             marker.write_text(want + "\n")
 
@@ -352,6 +355,9 @@ def main_serve(config: ServerConfig) -> int:
     log.info("event loop", loop=loop_name)
     try:
         asyncio.run(run(config))
+    except ConfigError as exc:  # e.g. a --partitions that does not match the data dir
+        print(f"connect-coordinator: configuration error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
         return 1

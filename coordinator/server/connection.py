@@ -59,6 +59,7 @@ class Connection(asyncio.Protocol):
         self.last_request = time.monotonic()
         self.closed = False
         self._paused = False
+        self._eof = False  # the peer half-closed: close after the pending responses
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -82,11 +83,21 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         for frame in frames:
+            # A frame that closed the connection (malformed header, ...) ends it: the frames
+            # after it in the same chunk must not be executed (they were, writes included).
+            if self.closed:
+                return
             self.last_request = time.monotonic()
             self._handle(frame)
 
     def eof_received(self) -> bool | None:
-        return None  # close once we answered what we got
+        # Close once we answered what we got. Returning None closed the transport at once,
+        # dropping the responses to requests still in flight (a client that half-closes after
+        # sending got nothing); keep the write side open until they are written (_flush).
+        if not self.pending:
+            return None
+        self._eof = True
+        return True
 
     # -- requests ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -106,7 +117,9 @@ class Connection(asyncio.Protocol):
         if api is None or not api.supports(version):
             # UNSUPPORTED_VERSION, answered as Kafka answers an ApiVersions it cannot serve: an
             # ApiVersionsResponse v0 listing what we support (header v0).
-            name = api.name if api is not None else f"Unknown({api_key})"
+            # One "Unknown" label for every unknown key (the metrics' api label): a label per
+            # key let a client create up to 65536 request-count series.
+            name = api.name if api is not None else "Unknown"
             slot = _Slot(correlation_id, 0, name, started)
             self.pending.append(slot)
             self._fill(slot, self.server.router.api_versions(0, ErrorCode.UNSUPPORTED_VERSION),
@@ -172,7 +185,14 @@ class Connection(asyncio.Protocol):
             slot = self.pending.popleft()
             if not self.closed and self.transport is not None:
                 self.transport.write(slot.frame)  # type: ignore[arg-type]
+                # Idleness counts from the last request *or response*: a long-polled heartbeat
+                # longer than socket.idle.timeout.ms got its connection reaped right after
+                # its answer, before the client could send the next heartbeat.
+                self.last_request = time.monotonic()
             metrics.request_done(slot.api, slot.error_code, time.monotonic() - slot.started)
+        if self._eof and not self.pending:
+            self.close()
+            return
         if self._paused and len(self.pending) < MAX_PENDING // 2 and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()

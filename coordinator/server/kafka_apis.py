@@ -152,6 +152,14 @@ def describe_groups(cls: type, described: list[Any]) -> Any:
                            "protocol_type": "", "protocol_data": "", "members": [],
                            "authorized_operations": -2147483648})
             continue
+        if d.error_code not in (0, ErrorCode.NO_ASSIGNOR_COVERS_GROUP):
+            # INVALID_GROUP_ID, COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR, ...: reported as
+            # the group's error (as Kafka does), so clients see it and retry; it was answered
+            # as error 0 with state "Dead", i.e. "no such group" while the group existed.
+            groups.append({"error_code": d.error_code, "group_id": group_id, "group_state": "",
+                           "protocol_type": "", "protocol_data": "", "members": [],
+                           "authorized_operations": -2147483648})
+            continue
         groups.append({
             "error_code": 0, "group_id": group_id, "group_state": d.group_state,
             "protocol_type": "connect", "protocol_data": d.assignor_name or "",
