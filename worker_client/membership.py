@@ -116,8 +116,10 @@ class Membership:
     member_id: str = ""
     instance_id: str | None = None
     worker_url: str | None = None
-    max_wait_ms: int = 0
-    """Long poll: how long the coordinator may hold a heartbeat (0: answer at once)."""
+    long_poll: bool = False
+    """Long-poll: ask the coordinator to hold each heartbeat up to the heartbeat interval and
+    answer as soon as something changes; poll again right after each answer. A rebalance then
+    completes in round trips instead of heartbeat intervals."""
     session_timeout_ms: int = 10_000
     """The coordinator's session timeout: with no successful heartbeat for this long the
     worker stops its work by itself."""
@@ -135,6 +137,7 @@ class Membership:
     _sent_assignors: tuple[AssignorAd, ...] | None = None
     _sent_url: str | None = None
     _in_flight: ConnectGroupHeartbeatRequest | None = field(default=None, repr=False)
+    _sent_at_ms: int = 0
     failure: Fatal | None = None
     last_success_ms: int | None = None
     stopping_lost: bool = False
@@ -180,7 +183,9 @@ class Membership:
             owned_connectors = tuple(connectors)
             owned_tasks = tuple(_hb.TaskId(connector=t.connector, task=t.task) for t in tasks)
         assignors = tuple(self.assignors)
-        wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
+        if max_wait_ms is None:
+            max_wait_ms = self.heartbeat_interval_ms if self.long_poll else 0
+        wait = max_wait_ms
         req = ConnectGroupHeartbeatRequest(
             group_id=self.group_id,
             member_id=self.member_id,
@@ -193,10 +198,12 @@ class Membership:
             ),
             owned_connectors=owned_connectors,
             owned_tasks=owned_tasks,
-            # Never long-poll while something is to acknowledge or we are joining.
-            max_wait_ms=wait if (self.state == State.STABLE and not full) else 0,
+            # Long-poll once the coordinator knows us (a first join, or anything sent after a
+            # doubt, is answered at once); also at epoch 0 and while waiting for released items.
+            max_wait_ms=wait if (self.member_id and not self.resend_all and not self.stopping_lost) else 0,
         )
         self._in_flight = req
+        self._sent_at_ms = now_ms
         return req
 
     def leave_request(self, static: bool = False) -> ConnectGroupHeartbeatRequest:
@@ -240,8 +247,8 @@ class Membership:
             self.member_id = resp.member_id
         if resp.heartbeat_interval_ms > 0:
             self.heartbeat_interval_ms = resp.heartbeat_interval_ms
+        news = resp.member_epoch != self.member_epoch
         self.member_epoch = resp.member_epoch
-        self.next_heartbeat_ms = now_ms + self.heartbeat_interval_ms
         actions: list[Action] = []
         a = resp.assignment
         if a is not None:
@@ -253,6 +260,15 @@ class Membership:
                 actions.append(Revoke(frozenset(revoke)))
             if add:
                 actions.append(Assign(frozenset(add), a.error, a.metadata_version, a.metadata_bytes))
+        news = news or bool(actions)
+        self.next_heartbeat_ms = now_ms + self.heartbeat_interval_ms
+        if self.long_poll and sent is not None:
+            # Poll again at once after news, after a request that could not be held (a first
+            # join, a resend) or after a held one; an answer that came back at once with
+            # nothing new (e.g. "compute" while computing) waits the interval: never spin.
+            held = sent.max_wait_ms > 0 and now_ms - self._sent_at_ms >= sent.max_wait_ms // 2
+            if news or sent.max_wait_ms == 0 or held:
+                self.next_heartbeat_ms = now_ms
         self._settle_state()
         if resp.should_compute_assignment:
             actions.append(Compute(self.member_epoch))

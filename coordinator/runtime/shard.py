@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from connect_wire.errors import ErrorCode
+from connect_wire.items import items_from_wire
 from connect_wire.messages import ConnectGroupHeartbeatRequest
 from connect_wire.records import GroupMetadataKey
 from coordinator import logs
@@ -406,11 +407,19 @@ class Shard:
     # -- long poll --------------------------------------------------------------------------------
     @staticmethod
     def _quiet(req: ConnectGroupHeartbeatRequest, resp: Any) -> bool:
-        return (
-            resp.error_code == 0 and resp.assignment is None
-            and not resp.should_compute_assignment
-            and resp.member_epoch == req.member_epoch and req.member_epoch > 0
-        )
+        """Would this answer tell the member nothing new? (Then it may be parked.)"""
+        if (resp.error_code or resp.should_compute_assignment or not req.member_id
+                or resp.member_epoch != req.member_epoch or req.member_epoch < 0):
+            return False
+        a = resp.assignment
+        if a is None:
+            return req.member_epoch > 0
+        # An assignment equal to what the member just reported running is nothing new (a
+        # member at epoch 0 always sends its full join, whose answer always carries one).
+        if req.owned_connectors is None or req.owned_tasks is None:
+            return False
+        return items_from_wire(a.connectors, a.tasks) == items_from_wire(
+            req.owned_connectors, req.owned_tasks)
 
     def _heartbeat_committed(
         self, req: ConnectGroupHeartbeatRequest, ctx: RequestContext, result: Result,
@@ -457,7 +466,9 @@ class Shard:
             return
         parked.refreshing = True
         req = parked.request
-        probe = ConnectGroupHeartbeatRequest(
+        # At epoch 0 the only valid heartbeat is the full join, which is idempotent for a
+        # member already in the group; otherwise a heartbeat with every optional field null.
+        probe = req if req.member_epoch == 0 else ConnectGroupHeartbeatRequest(
             group_id=req.group_id, member_id=req.member_id, member_epoch=req.member_epoch,
         )
 

@@ -1,0 +1,113 @@
+"""``connect-worker run``: a worker process that joins a group and runs its connectors and tasks.
+
+    connect-worker run --bootstrap 127.0.0.1:9092 --group my-cluster
+
+SIGTERM or SIGINT stop the work and leave the group (-1; with --instance-id, -2: a planned
+restart keeps the work held for this instance until its session expires; --leave forces -1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+
+from worker_client import logs
+
+
+def _hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="connect-worker",
+                                description="A worker of a connect group: runs the connectors and "
+                                "tasks the coordinator assigns it.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    r = sub.add_parser("run", help="join a group and work until stopped")
+    r.add_argument("--bootstrap", type=_hostport, action="append", required=True, metavar="HOST:PORT",
+                   help="a coordinator address (repeatable)")
+    r.add_argument("--group", required=True, help="the worker group (cluster) to join")
+    r.add_argument("--member-id", default="", help="member id to use (default: the coordinator picks)")
+    r.add_argument("--instance-id", help="static membership id: a restart within the session "
+                   "timeout gets the same work back")
+    r.add_argument("--worker-url", help="this worker's URL, shown in describe")
+    r.add_argument("--assignors", default="incremental,eager",
+                   help="client-side assignors in preference order (default incremental,eager)")
+    r.add_argument("--max-delay-ms", type=int, default=300_000,
+                   help="scheduled.rebalance.max.delay.ms: how long a departed worker's work is held "
+                   "(incremental assignor; default 300000, 0 = reassign at once)")
+    r.add_argument("--rebalance-timeout-ms", type=int, default=60_000,
+                   help="time allowed to stop revoked work (default 60000)")
+    r.add_argument("--session-timeout-ms", type=int, default=10_000,
+                   help="the coordinator's session timeout: without a heartbeat this long the worker "
+                   "stops its work itself (default 10000)")
+    r.add_argument("--no-long-poll", action="store_true", help="plain heartbeats (no MaxWaitMs)")
+    r.add_argument("--leave", action="store_true", help="on stop, always leave with -1")
+    r.add_argument("--metrics-listen", type=_hostport, metavar="HOST:PORT",
+                   help="serve Prometheus metrics (default: off)")
+    r.add_argument("--log-format", choices=("json", "console"), default="json")
+    r.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    return p
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from worker_client.worker import Worker, WorkerConfig, WorkerFailed
+
+    config = WorkerConfig(
+        bootstrap=args.bootstrap, group_id=args.group, member_id=args.member_id,
+        instance_id=args.instance_id, worker_url=args.worker_url,
+        rebalance_timeout_ms=args.rebalance_timeout_ms, session_timeout_ms=args.session_timeout_ms,
+        long_poll=not args.no_long_poll, max_delay_ms=args.max_delay_ms,
+        assignors=[a.strip() for a in args.assignors.split(",") if a.strip()],
+    )
+    try:
+        worker = Worker(config)
+    except ValueError as exc:
+        print(f"connect-worker: {exc}", file=sys.stderr)
+        return 2
+    if args.metrics_listen:
+        start_http_server(args.metrics_listen[1], args.metrics_listen[0], registry=worker.metrics.registry)
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stopping.set)
+    runner = asyncio.create_task(worker.run())
+    stopper = asyncio.create_task(stopping.wait())
+    done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if runner in done:
+        stopper.cancel()
+        try:
+            runner.result()
+        except WorkerFailed as exc:
+            print(f"connect-worker: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    await worker.stop(static=False if args.leave else None)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await asyncio.wait_for(runner, 5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logs.configure(args.log_format, args.log_level, group=args.group,
+                   instance=args.instance_id or "")
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    return asyncio.run(_run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

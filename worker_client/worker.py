@@ -1,0 +1,432 @@
+"""The worker runtime: joins a group, runs the connectors and tasks it is given, gives them up
+cleanly, and computes the group's assignment when chosen.
+
+Theory of operation
+-------------------
+The protocol logic is :class:`worker_client.membership.Membership` (pure). This module is the
+I/O around it:
+
+* the **main loop** sends each heartbeat Membership asks for (long-polled on the heartbeat
+  connection), feeds the response back, and carries out the actions in order: *revoke* (stop the
+  instances with a deadline derived from the rebalance timeout, call ``on_revoked``, report at
+  once), *assign* (fetch the connectors' configs, start the instances, call ``on_assigned``),
+  *lost* (stop everything, call ``on_lost``, rejoin with the same member id), *compute*
+  (PrepareAssignment → assignor → InstallAssignment on the control connection, in the
+  background);
+* a **watchdog** fences the worker itself when it has not had a successful heartbeat for the
+  session timeout: it stops all work, since the coordinator may already have handed it to
+  others;
+* each running instance with a ``run()`` coroutine is supervised: a crash is logged, counted
+  and the instance restarted with exponential backoff while it stays assigned (it keeps being
+  reported as owned: never silently dropped).
+
+Embedding: ``await Worker(...).run()`` until ``stop()``; hooks via a
+:class:`WorkerRebalanceListener`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from connect_wire.errors import ErrorCode, error_name
+from connect_wire.items import Item
+from connect_wire.messages import (
+    ConnectGroupDescribeRequest,
+    ConnectGroupPrepareAssignmentRequest,
+)
+from worker_client import logs
+from worker_client.assignors import (
+    Assignor,
+    EagerAssignor,
+    IncrementalCooperativeAssignor,
+    MemberAssignmentInfo,
+    group_from_prepare,
+    install_request,
+)
+from worker_client.client import ConnectionFailed, CoordinatorClient
+from worker_client.membership import (
+    Assign,
+    AssignorAd,
+    Compute,
+    Fatal,
+    Lost,
+    Membership,
+    Revoke,
+    State,
+)
+from worker_client.metrics import WorkerMetrics
+from worker_client.plugins import PluginError, connector_class, task_class
+
+log = logs.get("worker")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class WorkerFailed(Exception):
+    """The coordinator refused this worker for good (e.g. UNSUPPORTED_ASSIGNOR)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WorkerRebalanceListener:
+    """Hooks for embedders (Kafka Connect's ``WorkerRebalanceListener``); may be async."""
+
+    def on_assigned(self, items: frozenset[Item]) -> Any: ...
+
+    def on_revoked(self, items: frozenset[Item]) -> Any: ...
+
+    def on_lost(self, items: frozenset[Item]) -> Any: ...
+
+
+@dataclass
+class _Instance:
+    item: Item
+    plugin: Any
+    config: dict[str, str | None]
+    run_task: asyncio.Task[None] | None = None
+    supervisor: asyncio.Task[None] | None = None
+    restarts: int = 0
+    stopping: bool = False
+
+
+@dataclass
+class WorkerConfig:
+    bootstrap: Sequence[tuple[str, int]]
+    group_id: str
+    member_id: str = ""
+    instance_id: str | None = None
+    worker_url: str | None = None
+    rebalance_timeout_ms: int = 60_000
+    session_timeout_ms: int = 10_000
+    long_poll: bool = True
+    max_delay_ms: int = 300_000
+    assignors: Sequence[str] = ("incremental", "eager")
+    request_timeout_ms: int = 30_000
+    client_id: str = field(default_factory=lambda: f"connect-worker-{os.getpid()}")
+
+
+def build_assignors(names: Sequence[str], max_delay_ms: int) -> list[Assignor]:
+    out: list[Assignor] = []
+    for name in names:
+        if name == "incremental":
+            out.append(IncrementalCooperativeAssignor(max_delay_ms=max_delay_ms))
+        elif name == "eager":
+            out.append(EagerAssignor())
+        else:
+            raise ValueError(f"unknown assignor {name!r} (known: incremental, eager)")
+    return out
+
+
+class Worker:
+    def __init__(
+        self, config: WorkerConfig, listener: WorkerRebalanceListener | None = None,
+        assignors: Sequence[Assignor] | None = None, metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.listener = listener or WorkerRebalanceListener()
+        self.assignors = list(assignors) if assignors is not None else build_assignors(
+            config.assignors, config.max_delay_ms)
+        self.metrics = metrics or WorkerMetrics()
+        self.client = CoordinatorClient(config.bootstrap, config.group_id, config.client_id,
+                                        request_timeout_ms=config.request_timeout_ms)
+        self.membership = Membership(
+            group_id=config.group_id,
+            assignors=[AssignorAd(a.name, a.minimum_version, a.maximum_version,
+                                  a.metadata().reason, a.metadata().version, a.metadata().data)
+                       for a in self.assignors],
+            rebalance_timeout_ms=config.rebalance_timeout_ms, member_id=config.member_id,
+            instance_id=config.instance_id, worker_url=config.worker_url,
+            session_timeout_ms=config.session_timeout_ms, long_poll=config.long_poll,
+        )
+        self.instances: dict[Item, _Instance] = {}
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._inflight: asyncio.Task[Any] | None = None
+        self._compute: asyncio.Task[None] | None = None
+        self._rebalance_started: float | None = None
+        self.stopped = asyncio.Event()
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def worker_id(self) -> str:
+        return self.config.instance_id or self.membership.member_id or self.config.client_id
+
+    @property
+    def stop_deadline_s(self) -> float:
+        """How long stopping one instance may take: half the rebalance timeout (the other half
+        is for the acknowledgement to reach the coordinator)."""
+        return max(0.1, self.config.rebalance_timeout_ms / 2000)
+
+    # -- main loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Join and work until :meth:`stop` (or a fatal error: raises WorkerFailed)."""
+        m = self.membership
+        m.join(now_ms())
+        watchdog = asyncio.create_task(self._watchdog())
+        log.info("joining", group=self.config.group_id, instance=self.config.instance_id)
+        try:
+            while not self._stop.is_set():
+                if m.state == State.FAILED:
+                    assert m.failure is not None
+                    await self._stop_all(lost=True)
+                    raise WorkerFailed(m.failure.code, m.failure.message)
+                now = now_ms()
+                if not m.heartbeat_due(now):
+                    self._wake.clear()
+                    wait = 0.05 if m.stopping_lost else max(0.0, (m.next_heartbeat_ms - now) / 1000)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), min(wait, 1.0))
+                    continue
+                req = m.heartbeat_request(now)
+                self._inflight = asyncio.create_task(
+                    self.client.send(req, "heartbeat", extra_timeout_s=req.max_wait_ms / 1000))
+                try:
+                    resp = await self._inflight
+                except (ConnectionFailed, asyncio.CancelledError) as exc:
+                    if self._stop.is_set():
+                        break
+                    backoff = self.client.backoff_s()
+                    log.info("heartbeat failed; retrying", error=str(exc) or "cancelled",
+                             retry_in_ms=int(backoff * 1000))
+                    m.on_failure(now_ms(), int(backoff * 1000))
+                    continue
+                finally:
+                    self._inflight = None
+                if resp.error_code:
+                    log.info("heartbeat error", error=error_name(resp.error_code),
+                             message=resp.error_message, epoch=req.member_epoch)
+                actions = m.on_response(resp, now_ms())
+                for action in actions:
+                    await self._act(action)
+                self._observe()
+        finally:
+            watchdog.cancel()
+            if self._compute is not None:
+                self._compute.cancel()
+            self.stopped.set()
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            lost = self.membership.check_session(now_ms())
+            if lost is not None:
+                log.warning("no heartbeat within the session timeout: stopping all work",
+                            items=len(lost.items))
+                if self._inflight is not None:
+                    self._inflight.cancel()
+                await self._act(lost)
+
+    async def _act(self, action: Any) -> None:
+        m = self.membership
+        if isinstance(action, Revoke):
+            self._rebalance_started = self._rebalance_started or time.monotonic()
+            await self._stop_items(action.items)
+            await _call(self.listener.on_revoked, action.items)
+            m.revoked(action.items, now_ms())
+            log.info("revoked", items=_names(action.items), epoch=m.member_epoch)
+        elif isinstance(action, Assign):
+            self._rebalance_started = self._rebalance_started or time.monotonic()
+            started = await self._start_items(action.items)
+            for a in self.assignors:
+                a.on_assignment(MemberAssignmentInfo(m.member_epoch, m.assigned, action.error,
+                                                     action.metadata_version, action.metadata))
+            await _call(self.listener.on_assigned, started)
+            m.assigned_started(started, now_ms())
+            log.info("assigned", items=_names(action.items), epoch=m.member_epoch)
+        elif isinstance(action, Lost):
+            self.metrics.lost.inc()
+            await self._stop_items(action.items, hard=True)
+            await _call(self.listener.on_lost, action.items)
+            m.revoked(action.items, now_ms())
+            log.warning("lost all work; rejoining", reason=action.reason, items=len(action.items))
+        elif isinstance(action, Compute):
+            if self._compute is None or self._compute.done():
+                self._compute = asyncio.create_task(self._compute_assignment())
+        elif isinstance(action, Fatal):
+            log.error("the coordinator refused this worker", error=action.message)
+        self._wake.set()
+
+    def _observe(self) -> None:
+        m = self.membership
+        self.metrics.observe(m.state.value, m.member_epoch, m.owned)
+        if m.state == State.STABLE and self._rebalance_started is not None:
+            self.metrics.rebalance_seconds.observe(time.monotonic() - self._rebalance_started)
+            self._rebalance_started = None
+
+    # -- running work -------------------------------------------------------------------------
+    async def _configs(self) -> dict[str, dict[str, str | None]]:
+        resp = await self.client.send(ConnectGroupDescribeRequest(group_ids=(self.config.group_id,)))
+        (g,) = resp.groups
+        if g.error_code and g.error_code != ErrorCode.NO_ASSIGNOR_COVERS_GROUP:
+            raise ConnectionFailed(f"describe failed: {error_name(g.error_code)}: {g.error_message}")
+        return {c.name: {e.name: e.value for e in c.config} for c in g.connectors}
+
+    async def _start_items(self, items: frozenset[Item]) -> frozenset[Item]:
+        """Start what can be started; the rest is retried by supervisors. Returns the items the
+        worker now holds (all of them: a failed start is restarted, never dropped)."""
+        configs: dict[str, dict[str, str | None]] = {}
+        for attempt in range(3):
+            try:
+                configs = await self._configs()
+                break
+            except ConnectionFailed as exc:
+                log.warning("cannot fetch connector configs", error=str(exc), attempt=attempt)
+                await asyncio.sleep(self.client.backoff_s())
+        await asyncio.gather(*(self._start(item, configs.get(item.connector)) for item in sorted(items)))
+        return items
+
+    async def _start(self, item: Item, config: dict[str, str | None] | None) -> None:
+        if item in self.instances:
+            return
+        inst = _Instance(item, None, {})
+        self.instances[item] = inst
+        inst.supervisor = asyncio.create_task(self._supervise(inst, config))
+
+    async def _supervise(self, inst: _Instance, base: dict[str, str | None] | None) -> None:
+        """Start the instance and keep it running while assigned, restarting with backoff."""
+        delay = 0.1
+        while not inst.stopping:
+            try:
+                if base is None:
+                    base = (await self._configs()).get(inst.item.connector)
+                    if base is None:
+                        raise PluginError(f"connector {inst.item.connector} has no config (deleted?)")
+                config = {**base, "connector.name": inst.item.connector, "worker.id": self.worker_id}
+                if not inst.item.is_connector:
+                    config["task.id"] = str(inst.item.task)
+                cls = connector_class(config) if inst.item.is_connector else task_class(config)
+                inst.plugin = cls()
+                inst.config = config
+                await asyncio.wait_for(inst.plugin.start(config), self.stop_deadline_s * 2)
+                self.metrics.running.inc()
+                run = getattr(inst.plugin, "run", None)
+                if run is None:
+                    return
+                inst.run_task = asyncio.create_task(run())
+                await inst.run_task
+                raise RuntimeError("run() returned")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if inst.stopping:
+                    return
+                inst.restarts += 1
+                self.metrics.failures.inc()
+                log.error("instance failed; restarting", item=str(inst.item), error=repr(exc),
+                          restarts=inst.restarts, retry_in_s=round(delay, 2))
+                if inst.plugin is not None and inst.run_task is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(inst.plugin.stop(), self.stop_deadline_s)
+                    self.metrics.running.dec()
+                inst.run_task = None
+                base = None  # re-read the config: it may have changed
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _stop_items(self, items: frozenset[Item], hard: bool = False) -> None:
+        await asyncio.gather(*(self._stop_one(self.instances.pop(i)) for i in items if i in self.instances))
+
+    async def _stop_one(self, inst: _Instance) -> None:
+        inst.stopping = True
+        if inst.run_task is not None:
+            inst.run_task.cancel()
+        sup = inst.supervisor
+        if sup is not None and not sup.done() and inst.run_task is None:
+            sup.cancel()  # still starting or backing off
+        if inst.plugin is None:
+            return
+        try:
+            await asyncio.wait_for(inst.plugin.stop(), self.stop_deadline_s)
+        except Exception as exc:  # includes the deadline: the instance is abandoned, reported
+            log.error("instance did not stop cleanly", item=str(inst.item), error=repr(exc))
+            self.metrics.failures.inc()
+        self.metrics.running.dec()
+
+    async def _stop_all(self, lost: bool = False) -> None:
+        items = frozenset(self.instances)
+        await self._stop_items(items, hard=lost)
+        if items:
+            self.membership.revoked(items, now_ms())
+
+    # -- computing the assignment ---------------------------------------------------------------
+    async def _compute_assignment(self) -> None:
+        m = self.membership
+        try:
+            prep = await self.client.send(ConnectGroupPrepareAssignmentRequest(
+                group_id=self.config.group_id, member_id=m.member_id, member_epoch=m.member_epoch))
+            if prep.error_code:
+                log.info("prepare assignment refused", error=error_name(prep.error_code),
+                         message=prep.error_message)
+                return
+            assignor = next((a for a in self.assignors if a.name == prep.assignor_name), None)
+            if assignor is None:
+                log.error("the group's assignor is not one of ours", assignor=prep.assignor_name)
+                return
+            group = group_from_prepare(prep)
+            started = time.monotonic()
+            result = await asyncio.to_thread(assignor.assign, group)
+            self.metrics.assign_seconds.observe(time.monotonic() - started)
+            for attempt in range(3):
+                resp = await self.client.send(install_request(
+                    self.config.group_id, m.member_id, m.member_epoch, prep.group_epoch, result))
+                stale = resp.error_code in (ErrorCode.FENCED_MEMBER_EPOCH, ErrorCode.STALE_MEMBER_EPOCH)
+                if stale and attempt < 2:
+                    await asyncio.sleep(m.heartbeat_interval_ms / 1000)  # our epoch moves on
+                    continue
+                break
+            if resp.error_code:
+                log.warning("install assignment refused", error=error_name(resp.error_code),
+                            message=resp.error_message)
+            else:
+                log.info("installed assignment", group_epoch=prep.group_epoch,
+                         members=len(result.members), delay_ms=result.scheduled_rebalance_delay_ms)
+                # Our own new target is waiting: poll now rather than after the interval.
+                m.next_heartbeat_ms = now_ms()
+                self._wake.set()
+        except ConnectionFailed as exc:
+            log.info("assignment computation abandoned", error=str(exc))
+
+    # -- shutdown -------------------------------------------------------------------------------
+    async def stop(self, static: bool | None = None) -> None:
+        """Stop all work, then leave the group (-1; -2 for a static member's planned restart,
+        which keeps its work held for it until its session expires)."""
+        static = self.config.instance_id is not None if static is None else static
+        self._stop.set()
+        if self._inflight is not None:
+            self._inflight.cancel()
+        items = frozenset(self.instances)
+        await self._stop_items(items)
+        if items:
+            await _call(self.listener.on_revoked, items)
+        if self.membership.member_id:
+            with contextlib.suppress(ConnectionFailed):
+                resp = await self.client.send(self.membership.leave_request(static=static))
+                log.info("left the group", static=static, error=error_name(resp.error_code))
+        self.membership.left()
+        await self.client.close()
+
+
+async def _call(hook: Any, items: frozenset[Item]) -> None:
+    if not items:
+        return
+    try:
+        result = hook(items)
+        if inspect.isawaitable(result):
+            await result
+    except Exception as exc:  # a listener bug must not break the protocol
+        log.error("rebalance listener failed", hook=getattr(hook, "__name__", "?"), error=repr(exc))
+
+
+def _names(items: frozenset[Item]) -> list[str]:
+    return sorted(str(i) for i in items)
