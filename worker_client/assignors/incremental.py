@@ -11,15 +11,16 @@ One computation, in short:
    (owned) stays with it.
 3. The rest of a **departed** member's work (the previous target recorded it there, the member
    left) is **held** — in nobody's target — until ``departure + max_delay_ms``; the result asks
-   for a rebalance at the earliest deadline. When a deadline passes, the held work goes first to
-   the members that joined since that departure, then is spread. ``max_delay_ms == 0``:
-   reassigned at once.
+   for a rebalance at the earliest deadline. When a deadline passes (inclusive), the held work
+   goes first to the members that joined since that departure, then is spread.
+   ``max_delay_ms == 0``: reassigned at once.
 4. New items (and everything else unplaced) go to the least loaded member, one level at a time.
 5. With nothing held, connectors and tasks are **balanced separately** (every member gets floor
    or ceil of total / members of each) moving the minimum number of items: the ceil slots go to
-   the members holding the most, an over-full member gives up its highest-sorted items. While
-   work is held nothing that is assigned moves (Connect: no load-balancing revocations during a
-   delay); new work is still placed.
+   the members holding the most, an over-full member gives up what is cheapest to move (items it
+   does not run yet first, then its highest-sorted items). While work is held nothing that is
+   assigned moves (Connect: no load-balancing revocations during a delay); new work is still
+   placed.
 
 The assignor state (opaque to the coordinator, persisted with every install) records the members
 of the computation, who holds which item (so the work of a member that departs before the next
@@ -195,9 +196,10 @@ def _fill(
 class _Kind:
     """Placement of one kind of item (connectors, or tasks): counts per member and the changes."""
 
-    def __init__(self, members: list[str], is_connector: bool) -> None:
+    def __init__(self, members: list[str], is_connector: bool, connector_items: frozenset[Item]) -> None:
         self.members = members
         self.is_connector = is_connector
+        self.connector_items = connector_items  # every configured connector item
         self.count: dict[str, int] = dict.fromkeys(members, 0)
         self.pool: list[Item] = []  # to place anywhere
         self.preferred: list[tuple[list[Item], list[str]]] = []  # (items, members to prefer)
@@ -241,18 +243,21 @@ class _Kind:
         items it does not run yet (not in its owned list) before items it runs, items that were
         not in its target (given back this round) before targeted ones; within each, its
         highest-sorted items."""
-        gone = removed.get(m, ())
-        mine = [i for i in target if (i[1] == CONNECTOR) == self.is_connector and i not in gone]
+        conns = self.connector_items
+        mine = target & conns if self.is_connector else target - conns
+        gone = removed.get(m)
+        if gone:
+            mine = mine - gone
         extra = self.added[m]
-        groups = [
-            [i for i in extra if i not in owned], [i for i in mine if i not in owned],
-            [i for i in extra if i in owned], [i for i in mine if i in owned],
-        ]
+        groups = (
+            lambda: [i for i in extra if i not in owned], lambda: mine - owned,
+            lambda: [i for i in extra if i in owned], lambda: mine & owned,
+        )
         shed: list[Item] = []
         for group in groups:
             if len(shed) == excess:
                 break
-            shed.extend(heapq.nlargest(excess - len(shed), group))
+            shed.extend(heapq.nlargest(excess - len(shed), group()))
         drop = set(shed)
         if extra:
             self.added[m] = [i for i in extra if i not in drop]
@@ -306,7 +311,9 @@ class IncrementalCooperativeAssignor:
         removed: dict[str, set[Item]] = {}
         if sum(len(t) for t in target.values()) != len(owner_of):
             self._resolve_duplicates(members, specs, owner_of, removed)
-        conns, tasks = _Kind(members, True), _Kind(members, False)
+        connector_set = frozenset(map(_new, repeat(Item), zip(connectors, repeat(CONNECTOR))))
+        conns = _Kind(members, True, connector_set)
+        tasks = _Kind(members, False, connector_set)
         targeted: dict[str, int] = {}
         unknown: list[Item] = []
         conn_count, task_count = conns.count, tasks.count
@@ -330,7 +337,7 @@ class IncrementalCooperativeAssignor:
             n = connectors[c]
             if targeted.get(c, 0) == n + 1:
                 continue
-            unplaced.extend(i for i in _items(c, range(CONNECTOR, n)) if i not in owner_of)
+            unplaced.extend(_items(c, [t for t in range(CONNECTOR, n) if (c, t) not in owner_of]))
 
         # -- 3. who gets them back, what stays held ----------------------------------------------
         computation = state.computation + 1
@@ -361,8 +368,11 @@ class IncrementalCooperativeAssignor:
             first_seen.setdefault(m, computation)
         returning_of = {id(state.held[k]): m for k, m in returning.items()}
 
-        owned_extra: dict[Item, str] | None = None
+        owned_extra = self._owned_extra(members, specs) if unplaced else {}
         general: list[Item] = []
+        if not held_of and not state.owners and not owned_extra:
+            general = unplaced  # nothing to give back, nothing held: all new (a fresh start)
+            unplaced = []
         for item in unplaced:
             back: str | None = None
             hold: HeldWork | None = None
@@ -378,8 +388,6 @@ class IncrementalCooperativeAssignor:
                     if back is None:
                         hold = departed.get(k)
             if back is None:
-                if owned_extra is None:
-                    owned_extra = self._owned_extra(members, specs)
                 back = owned_extra.get(item)
             if back is not None:
                 kind = conns if item[1] == CONNECTOR else tasks
@@ -408,8 +416,8 @@ class IncrementalCooperativeAssignor:
                     kind.preferred.append((mine, joined))
                 else:
                     kind.pool.extend(mine)
-        for item in general:
-            (conns if item[1] == CONNECTOR else tasks).pool.append(item)
+        conns.pool.extend([i for i in general if i[1] == CONNECTOR])
+        tasks.pool.extend([i for i in general if i[1] != CONNECTOR])
 
         # -- 5. place; balance only when nothing is held --------------------------------------
         balance = not pending
