@@ -150,23 +150,11 @@ class _Txn:
     def rollback(self) -> None:
         for record in reversed(self.undo):
             self.state.replay(record)
-        _forget_cached_selection(self.state, self.undo)
         self.records.clear()
         self.undo.clear()
 
     def result(self, response: Any) -> Result:
         return Result(response, self.records, self.timers, self.wake, self.undo)
-
-
-def _forget_cached_selection(state: CoordinatorState, undone: Iterable[rec.Record]) -> None:
-    """FIX (tests): after a rollback, drop the assignor selection cached per group epoch. The
-    rolled-back handler may have cached it for an epoch the group reaches again later with other
-    members (e.g. a rolled-back join, then another join): the stale cache then kept choosing a
-    member that is not in the group, and no one ever computed the assignment."""
-    for group_id in {record.key.group_id for record in undone}:
-        g = state.groups.get(group_id)
-        if g is not None:
-            g.soft.selection_epoch = -1
 
 
 def _uuid_member_id() -> str:
@@ -323,7 +311,6 @@ class GroupCoordinator:
         """Undo ``result``'s records (its write failed)."""
         for record in reversed(result.undo):
             self.state.replay(record)
-        _forget_cached_selection(self.state, result.undo)
 
     def group(self, group_id: str) -> Group | None:
         return self.state.groups.get(group_id)

@@ -84,6 +84,10 @@ class CoordinatorState:
         g = self.groups.get(key.group_id) if value is None else self._group(key.group_id)
         if g is None:
             return
+        # The assignor selection and the eligible computing members are cached per group epoch;
+        # a member record can change them without an epoch bump (a static member replaced by a
+        # new member id) and a rollback replays member records too: drop the cache.
+        g.soft.selection_epoch = -1
         old = g.members.get(key.member_id)
         if old is not None and old.instance_id is not None:
             if g.static_members.get(old.instance_id) == key.member_id:
