@@ -142,6 +142,7 @@ class Membership:
     last_success_ms: int | None = None
     stopping_lost: bool = False
     """Work was lost: no heartbeat until the loop reports it stopped (``revoked``)."""
+    _keepalive: bool = False
 
     # -- requests ------------------------------------------------------------------------------
     def join(self, now_ms: int = 0) -> None:
@@ -151,12 +152,19 @@ class Membership:
         self.resend_all = True
         self.next_heartbeat_ms = now_ms
 
-    def heartbeat_due(self, now_ms: int) -> bool:
+    def heartbeat_due(self, now_ms: int, keepalive: bool = False) -> bool:
+        """``keepalive``: the worker is busy stopping or starting work, so a heartbeat only keeps
+        the session: due once an interval has passed since the last request."""
         return (
             self.state in (State.JOINING, State.RECONCILING, State.STABLE)
             and not self.stopping_lost
-            and now_ms >= self.next_heartbeat_ms
+            and now_ms >= self.next_due_ms(keepalive)
         )
+
+    def next_due_ms(self, keepalive: bool = False) -> int:
+        if keepalive:
+            return max(self.next_heartbeat_ms, self._sent_at_ms + self.heartbeat_interval_ms)
+        return self.next_heartbeat_ms
 
     def check_session(self, now_ms: int) -> Lost | None:
         """Self-fencing: no successful heartbeat for the session timeout -> stop everything."""
@@ -174,8 +182,16 @@ class Membership:
         self.stopping_lost = bool(lost)
         return Lost(lost, reason)
 
-    def heartbeat_request(self, now_ms: int, max_wait_ms: int | None = None) -> ConnectGroupHeartbeatRequest:
-        """The next heartbeat to send (full on join and after any doubt; else only changes)."""
+    def heartbeat_request(self, now_ms: int, max_wait_ms: int | None = None,
+                          keepalive: bool = False) -> ConnectGroupHeartbeatRequest:
+        """The next heartbeat to send (full on join and after any doubt; else only changes).
+
+        ``keepalive``: the worker is busy stopping or starting work and only keeps its session:
+        the request is not long-polled (so the acknowledgement that follows is not stuck behind
+        a parked heartbeat) and the next one is due after the interval, not at once."""
+        if keepalive:
+            max_wait_ms = 0
+        self._keepalive = keepalive
         full = self.resend_all or self.member_epoch == 0
         owned_connectors = owned_tasks = None
         if full or self._sent_owned != self.owned:
@@ -242,7 +258,11 @@ class Membership:
                 self._sent_assignors = tuple(self.assignors)
             if sent.worker_url is not None:
                 self._sent_url = sent.worker_url
-        self.last_success_ms = now_ms
+        # Fix: the coordinator counts the session from when it handled the request, which is
+        # before its (possibly long-polled) answer arrives; counting from the answer made the
+        # self-fencing in check_session fire after the coordinator could already have expired
+        # the member (measured: 2.03 s after a stall with a 2 s session).
+        self.last_success_ms = self._sent_at_ms if sent is not None else now_ms
         if resp.member_id:
             self.member_id = resp.member_id
         if resp.heartbeat_interval_ms > 0:
@@ -262,13 +282,15 @@ class Membership:
                 actions.append(Assign(frozenset(add), a.error, a.metadata_version, a.metadata_bytes))
         news = news or bool(actions)
         self.next_heartbeat_ms = now_ms + self.heartbeat_interval_ms
-        if self.long_poll and sent is not None:
+        if self.long_poll and sent is not None and not self._keepalive:
             # Poll again at once after news, after a request that could not be held (a first
             # join, a resend) or after a held one; an answer that came back at once with
             # nothing new (e.g. "compute" while computing) waits the interval: never spin.
             held = sent.max_wait_ms > 0 and now_ms - self._sent_at_ms >= sent.max_wait_ms // 2
             if news or sent.max_wait_ms == 0 or held:
                 self.next_heartbeat_ms = now_ms
+        if sent is not None and self.owned != self._sent_owned:
+            self.next_heartbeat_ms = now_ms  # work stopped or started meanwhile: report it now
         self._settle_state()
         if resp.should_compute_assignment:
             actions.append(Compute(self.member_epoch))

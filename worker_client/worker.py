@@ -12,7 +12,10 @@ I/O around it:
   once), *assign* (fetch the connectors' configs, start the instances, call ``on_assigned``),
   *lost* (stop everything, call ``on_lost``, rejoin with the same member id), *compute*
   (PrepareAssignment → assignor → InstallAssignment on the control connection, in the
-  background);
+  background). Revocations and assignments run one at a time in a task of their own while the
+  loop keeps heartbeating (plain, not long-polled), so a stop that takes longer than the session
+  timeout (it may take half the rebalance timeout) does not cost the worker its membership;
+  *lost* is carried out at once;
 * a **watchdog** fences the worker itself when it has not had a successful heartbeat for the
   session timeout: it stops all work, since the coordinator may already have handed it to
   others;
@@ -31,6 +34,7 @@ import contextlib
 import inspect
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +102,12 @@ class _Instance:
     supervisor: asyncio.Task[None] | None = None
     restarts: int = 0
     stopping: bool = False
+    started: bool = False
+    """start() was called and stop() not since: the plugin needs exactly one stop()."""
+    counted: bool = False
+    """Counted in the running-instances gauge."""
+    stopping_crashed: bool = False
+    """The supervisor is stopping an instance whose run() failed."""
 
 
 @dataclass
@@ -154,6 +164,9 @@ class Worker:
         self._wake = asyncio.Event()
         self._inflight: asyncio.Task[Any] | None = None
         self._compute: asyncio.Task[None] | None = None
+        self._acting: asyncio.Task[None] | None = None
+        self._pending: deque[Revoke | Assign] = deque()
+        self._running = False
         self._rebalance_started: float | None = None
         self.stopped = asyncio.Event()
 
@@ -173,27 +186,44 @@ class Worker:
         """Join and work until :meth:`stop` (or a fatal error: raises WorkerFailed)."""
         m = self.membership
         m.join(now_ms())
+        self._running = True
         watchdog = asyncio.create_task(self._watchdog())
         log.info("joining", group=self.config.group_id, instance=self.config.instance_id)
         try:
             while not self._stop.is_set():
                 if m.state == State.FAILED:
                     assert m.failure is not None
+                    await self._settle_acting()
                     await self._stop_all(lost=True)
                     raise WorkerFailed(m.failure.code, m.failure.message)
+                acting = self._acting
+                if acting is not None and acting.done():
+                    self._acting = None
+                    acting.result()  # a bug in an action is not swallowed
+                    await self._sweep()
+                if self._acting is None and self._pending:
+                    self._acting = asyncio.create_task(self._act(self._pending.popleft()))
+                # Fix: heartbeats used to stop while work was being stopped or started (the
+                # loop awaited each action), so a stop longer than the session timeout got the
+                # worker fenced and all its work lost. Now they go on meanwhile, plain and at the
+                # heartbeat interval (keepalive).
+                busy = self._acting is not None
                 now = now_ms()
-                if not m.heartbeat_due(now):
+                if not m.heartbeat_due(now, keepalive=busy):
                     self._wake.clear()
-                    wait = 0.05 if m.stopping_lost else max(0.0, (m.next_heartbeat_ms - now) / 1000)
+                    wait = 0.05 if m.stopping_lost else max(0.0, (m.next_due_ms(busy) - now) / 1000)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), min(wait, 1.0))
                     continue
-                req = m.heartbeat_request(now)
+                req = m.heartbeat_request(now, keepalive=busy)
                 self._inflight = asyncio.create_task(
                     self.client.send(req, "heartbeat", extra_timeout_s=req.max_wait_ms / 1000))
                 try:
                     resp = await self._inflight
                 except (ConnectionFailed, asyncio.CancelledError) as exc:
+                    task = asyncio.current_task()
+                    if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+                        raise  # Fix: run() itself was cancelled; this used to be swallowed
                     if self._stop.is_set():
                         break
                     backoff = self.client.backoff_s()
@@ -206,20 +236,47 @@ class Worker:
                 if resp.error_code:
                     log.info("heartbeat error", error=error_name(resp.error_code),
                              message=resp.error_message, epoch=req.member_epoch)
-                actions = m.on_response(resp, now_ms())
-                for action in actions:
-                    await self._act(action)
+                for action in m.on_response(resp, now_ms()):
+                    if isinstance(action, Revoke | Assign):
+                        self._pending.append(action)  # in order, one at a time (above)
+                    else:
+                        await self._act(action)  # Lost (at once), Compute (background), Fatal
                 self._observe()
         finally:
             watchdog.cancel()
             if self._compute is not None:
                 self._compute.cancel()
+            await self._settle_acting()
+            self._running = False
             self.stopped.set()
 
+    async def _settle_acting(self) -> None:
+        """Let a start or stop in progress finish (bounded by the stop deadline)."""
+        acting = self._acting
+        if acting is not None and not acting.done() and acting is not asyncio.current_task():
+            await asyncio.wait({acting}, timeout=self.stop_deadline_s * 2 + 1)
+
+    async def _sweep(self) -> None:
+        """Stop instances that are neither owned nor assigned: started by an assignment that
+        completed after a Lost had stopped everything."""
+        m = self.membership
+        strays = frozenset(self.instances) - m.owned - m.assigned
+        if strays:
+            log.warning("stopping instances no longer assigned", items=_names(strays))
+            await self._stop_items(strays)
+
     async def _watchdog(self) -> None:
+        m = self.membership
         while True:
-            await asyncio.sleep(0.1)
-            lost = self.membership.check_session(now_ms())
+            # Fix: wake at the session deadline itself (it used to be checked every 100 ms, so
+            # the worker could fence itself up to 100 ms after the coordinator expired it).
+            wait = 0.1
+            if m.last_success_ms is not None:
+                remaining = (m.last_success_ms + m.session_timeout_ms - now_ms()) / 1000
+                if remaining > 0:
+                    wait = min(wait, remaining)
+            await asyncio.sleep(wait)
+            lost = m.check_session(now_ms())
             if lost is not None:
                 log.warning("no heartbeat within the session timeout: stopping all work",
                             items=len(lost.items))
@@ -229,33 +286,49 @@ class Worker:
 
     async def _act(self, action: Any) -> None:
         m = self.membership
-        if isinstance(action, Revoke):
-            self._rebalance_started = self._rebalance_started or time.monotonic()
-            await self._stop_items(action.items)
-            await _call(self.listener.on_revoked, action.items)
-            m.revoked(action.items, now_ms())
-            log.info("revoked", items=_names(action.items), epoch=m.member_epoch)
-        elif isinstance(action, Assign):
-            self._rebalance_started = self._rebalance_started or time.monotonic()
-            started = await self._start_items(action.items)
-            for a in self.assignors:
-                a.on_assignment(MemberAssignmentInfo(m.member_epoch, m.assigned, action.error,
-                                                     action.metadata_version, action.metadata))
-            await _call(self.listener.on_assigned, started)
-            m.assigned_started(started, now_ms())
-            log.info("assigned", items=_names(action.items), epoch=m.member_epoch)
-        elif isinstance(action, Lost):
-            self.metrics.lost.inc()
-            await self._stop_items(action.items, hard=True)
-            await _call(self.listener.on_lost, action.items)
-            m.revoked(action.items, now_ms())
-            log.warning("lost all work; rejoining", reason=action.reason, items=len(action.items))
-        elif isinstance(action, Compute):
-            if self._compute is None or self._compute.done():
-                self._compute = asyncio.create_task(self._compute_assignment())
-        elif isinstance(action, Fatal):
-            log.error("the coordinator refused this worker", error=action.message)
-        self._wake.set()
+        try:
+            if isinstance(action, Revoke):
+                # What is still owned: a Lost may have stopped everything while this waited.
+                items = action.items & m.owned
+                if items:
+                    self._rebalance_started = self._rebalance_started or time.monotonic()
+                    await self._stop_items(items)
+                    await _call(self.listener.on_revoked, items)
+                    m.revoked(items, now_ms())
+                    log.info("revoked", items=_names(items), epoch=m.member_epoch)
+            elif isinstance(action, Assign):
+                # What is still assigned and not yet run (a Lost, or a newer assignment, may
+                # have come meanwhile).
+                items = action.items & m.assigned - m.owned
+                for a in self.assignors:
+                    a.on_assignment(MemberAssignmentInfo(m.member_epoch, m.assigned, action.error,
+                                                         action.metadata_version, action.metadata))
+                if items:
+                    self._rebalance_started = self._rebalance_started or time.monotonic()
+                    started = await self._start_items(items)
+                    await _call(self.listener.on_assigned, started)
+                    m.assigned_started(started, now_ms())
+                    log.info("assigned", items=_names(items), epoch=m.member_epoch)
+            elif isinstance(action, Lost):
+                self.metrics.lost.inc()
+                self._pending.clear()  # stale: the rejoin brings a fresh assignment
+                # Everything that runs, not only what was reported (an instance may be starting).
+                await self._stop_items(frozenset(self.instances) | action.items)
+                acting = self._acting
+                if acting is not None and not acting.done() and acting is not asyncio.current_task():
+                    await self._settle_acting()  # a start or stop in progress finishes...
+                    await self._stop_items(frozenset(self.instances))  # ...what it started stops
+                await _call(self.listener.on_lost, action.items)
+                m.revoked(action.items, now_ms())
+                log.warning("lost all work; rejoining", reason=action.reason, items=len(action.items))
+            elif isinstance(action, Compute):
+                if self._compute is None or self._compute.done():
+                    self._compute = asyncio.create_task(self._compute_assignment())
+            elif isinstance(action, Fatal):
+                log.error("the coordinator refused this worker", error=action.message)
+        finally:
+            self._observe()
+            self._wake.set()
 
     def _observe(self) -> None:
         m = self.membership
@@ -308,8 +381,10 @@ class Worker:
                 cls = connector_class(config) if inst.item.is_connector else task_class(config)
                 inst.plugin = cls()
                 inst.config = config
+                inst.started = True
                 await asyncio.wait_for(inst.plugin.start(config), self.stop_deadline_s * 2)
                 self.metrics.running.inc()
+                inst.counted = True
                 run = getattr(inst.plugin, "run", None)
                 if run is None:
                     return
@@ -325,33 +400,52 @@ class Worker:
                 self.metrics.failures.inc()
                 log.error("instance failed; restarting", item=str(inst.item), error=repr(exc),
                           restarts=inst.restarts, retry_in_s=round(delay, 2))
-                if inst.plugin is not None and inst.run_task is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(inst.plugin.stop(), self.stop_deadline_s)
-                    self.metrics.running.dec()
+                if inst.started:
+                    # Fix: the crashed instance is stopped here, once; _stop_one used to stop it
+                    # a second time (and decrement the running gauge twice) when the item was
+                    # revoked during the backoff.
+                    inst.started = False
+                    inst.stopping_crashed = True
+                    try:
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(inst.plugin.stop(), self.stop_deadline_s)
+                    finally:
+                        inst.stopping_crashed = False
+                        self._uncount(inst)
+                inst.plugin = None
                 inst.run_task = None
+                if inst.stopping:
+                    return
                 base = None  # re-read the config: it may have changed
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+    def _uncount(self, inst: _Instance) -> None:
+        if inst.counted:
+            inst.counted = False
+            self.metrics.running.dec()
 
     async def _stop_items(self, items: frozenset[Item], hard: bool = False) -> None:
         await asyncio.gather(*(self._stop_one(self.instances.pop(i)) for i in items if i in self.instances))
 
     async def _stop_one(self, inst: _Instance) -> None:
         inst.stopping = True
-        if inst.run_task is not None:
-            inst.run_task.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.stop_deadline_s  # for all of it: revocations are timed
         sup = inst.supervisor
-        if sup is not None and not sup.done() and inst.run_task is None:
-            sup.cancel()  # still starting or backing off
-        if inst.plugin is None:
+        if sup is not None and not sup.done():
+            if not inst.stopping_crashed:
+                sup.cancel()  # starting (start() is then stopped below), running, or backing off
+            await asyncio.wait({sup}, timeout=self.stop_deadline_s)
+        if not inst.started or inst.plugin is None:
             return
+        inst.started = False
         try:
-            await asyncio.wait_for(inst.plugin.stop(), self.stop_deadline_s)
+            await asyncio.wait_for(inst.plugin.stop(), max(0.01, deadline - loop.time()))
         except Exception as exc:  # includes the deadline: the instance is abandoned, reported
             log.error("instance did not stop cleanly", item=str(inst.item), error=repr(exc))
             self.metrics.failures.inc()
-        self.metrics.running.dec()
+        self._uncount(inst)
 
     async def _stop_all(self, lost: bool = False) -> None:
         items = frozenset(self.instances)
@@ -405,6 +499,12 @@ class Worker:
         self._stop.set()
         if self._inflight is not None:
             self._inflight.cancel()
+        self._wake.set()
+        # Fix: let the loop end first (it finishes a start or stop in progress); an assignment
+        # completing after the snapshot below used to leave its instances running after we left.
+        if self._running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), self.stop_deadline_s * 2 + 2)
         items = frozenset(self.instances)
         await self._stop_items(items)
         if items:

@@ -82,6 +82,8 @@ class _Parked:
     ctx: RequestContext
     handle: asyncio.TimerHandle | None = None
     refreshing: bool = False
+    expired: bool = False
+    """MaxWaitMs passed while a wake-up probe was in flight: the probe's result answers."""
 
 
 @dataclass
@@ -444,7 +446,7 @@ class Shard:
             return
         parked = _Parked(future, resp, req, ctx)
         parked.handle = asyncio.get_running_loop().call_later(
-            wait_ms / 1000, self._release_parked, key)
+            wait_ms / 1000, self._parked_timeout, key)
         self._parked[key] = parked
         self.metrics.parked.inc()
 
@@ -459,6 +461,18 @@ class Shard:
         parked = self._parked.pop(key, None)
         if parked is not None:
             self._answer(parked, parked.response)
+
+    def _parked_timeout(self, key: tuple[str, str]) -> None:
+        # Fix: MaxWaitMs used to release the parked answer even while its wake-up probe was
+        # being committed; the probe's committed effect (an epoch bump, a new assignment marked
+        # as sent) was then dropped and the member's next heartbeat, at the old epoch, fenced
+        # it (seen in e2e: a bystander worker lost all its work when another one died). Now
+        # the probe, once committed, answers instead (or the stale answer goes if it failed).
+        parked = self._parked.get(key)
+        if parked is not None and parked.refreshing:
+            parked.expired = True
+            return
+        self._release_parked(key)
 
     def _refresh_parked(self, key: tuple[str, str]) -> None:
         parked = self._parked.get(key)
@@ -476,12 +490,25 @@ class Shard:
             parked.refreshing = False
             if self._parked.get(key) is not parked:
                 return
-            if not self._quiet(probe, result.response):
+            if parked.expired or not self._quiet(probe, result.response):
                 del self._parked[key]
                 self._answer(parked, result.response)
 
-        self._submit(_Event("write", lambda core, now: core.heartbeat(probe, now, parked.ctx),
-                            None, on_commit=committed))
+        def failed(code: int, message: str) -> None:  # rolled back: the parked answer stands
+            parked.refreshing = False
+            if parked.expired and self._parked.get(key) is parked:
+                self._release_parked(key)
+
+        def run(core: GroupCoordinator, now: int) -> Result:
+            # Fix: a probe whose parked heartbeat was superseded (or released) before it ran
+            # must not run: at the old epoch it could fence a member that moved on meanwhile.
+            if self._parked.get(key) is not parked:
+                return Result()
+            return core.heartbeat(probe, now, parked.ctx)
+
+        # A future only so that a failed probe reaches ``failed`` (see _fail_event).
+        self._submit(_Event("write", run, asyncio.get_running_loop().create_future(), failed,
+                            on_commit=committed))
 
     @property
     def parked_count(self) -> int:
