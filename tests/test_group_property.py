@@ -561,6 +561,12 @@ class ConnectGroupMachine(RuleBasedStateMachine):
             if not w.alive:
                 continue
             self.heartbeat_worker(w)
+            if w.alive and w.prepared is not None:
+                # It finishes a computation it prepared earlier (the answer may be stale).
+                prepared, w.prepared = w.prepared, None
+                _, (installed, _) = self.compute(w, rnd, prepared=prepared)
+                assert installed.error_code in (0, E.INVALID_ASSIGNMENT, E.FENCED_MEMBER_EPOCH,
+                                                E.UNKNOWN_MEMBER_ID), installed
             if w.alive and w.wants_compute:
                 w.wants_compute = False
                 prepared, outcome = self.compute(w, rnd)
@@ -673,3 +679,62 @@ def test_static_replacement_while_assigning_chooses_a_member() -> None:
     assert second.should_compute_assignment
     prepared = h.compute({second.member_id: []})
     assert h.group().assignment_epoch == prepared.group_epoch
+
+
+def _failed_write_heartbeat(h: Harness, member_id: str, epoch: int) -> None:
+    """A steady heartbeat that changes the WorkerUrl (so it writes a GroupMember record) whose
+    write fails: the runtime (coordinator/runtime/shard.py ``_apply``) calls ``rollback`` and
+    drops the result, timer changes included."""
+    req = ConnectGroupHeartbeatRequest(group_id=GROUP, member_id=member_id, member_epoch=epoch,
+                                       worker_url="http://moved:8083")
+    result = h.coordinator.heartbeat(req, h.now)
+    assert result.response.error_code == 0 and result.records, result
+    h.coordinator.rollback(result)
+    h.check()
+
+
+def test_session_expires_after_a_rolled_back_heartbeat() -> None:
+    # BUG: a heartbeat whose write fails (rollback) still moved the member's soft session
+    # deadline (_touch_session: soft.session_deadline = now + session) while its SESSION timer
+    # change was discarded with the result. The old timer then fires, _on_session_expired sees
+    # the later soft deadline, returns - and re-arms nothing. If the worker dies right after the
+    # failed heartbeat, its session never expires: the member and everything it owns stay in
+    # the group forever (until a coordinator restart). Either rollback must restore the soft
+    # deadlines, or _on_session_expired (like _on_rebalance_expired and _on_compute_expired,
+    # which have the same early return) must re-arm the timer for the later deadline.
+    h = Harness()
+    h.alter({"A": 0})
+    h.join("a")
+    h.compute({"a": ["A"]})
+    epoch = h.join("a", owned=[]).member_epoch
+    assert h.current("a") == (epoch, ["A"])
+    h.advance(1_000)
+    _failed_write_heartbeat(h, "a", epoch)
+    h.advance(60_000)  # the worker died: no heartbeat for six session timeouts
+    assert "a" not in h.group().members, f"session never expired; timers: {h.timers}"
+
+
+def test_computation_times_out_after_a_rolled_back_notification() -> None:
+    # BUG: the chosen member is first told ShouldComputeAssignment in a heartbeat whose write
+    # fails (rollback). _notify_assigner already set the soft Computation.notified and
+    # deadline_ms, but its COMPUTE timer was discarded with the result; later heartbeats see
+    # notified=True and never arm it again. If that member then never installs (its assignor
+    # hangs after PrepareAssignment), the computation never times out and is never handed to
+    # another member: the group stays Assigning forever. Without the failed write, the COMPUTE
+    # timer moves the computation to "b" after the rebalance timeout (30 s).
+    h = Harness()
+    h.join("a")
+    h.compute({"a": []})
+    epoch_a = h.join("a").member_epoch
+    epoch_b = h.join("b").member_epoch  # group epoch 2: "a" is chosen again, not yet told
+    assert h.assigner() == "a" and not h.group().soft.computation.notified
+    _failed_write_heartbeat(h, "a", epoch_a)
+    assert h.heartbeat("a", epoch_a).should_compute_assignment
+    assert h.prepare("a").error_code == 0  # ... and "a" never installs
+    chosen = set()
+    for _ in range(20):  # 60 s, both members heartbeating
+        h.advance(3_000)
+        h.heartbeat("a", epoch_a)
+        epoch_b = h.heartbeat("b", epoch_b).member_epoch
+        chosen.add(h.assigner())
+    assert "b" in chosen, f"computation never left 'a' in 60 s; timers: {h.timers}"

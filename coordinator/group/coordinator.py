@@ -521,8 +521,11 @@ class GroupCoordinator:
         should_compute = (
             comp is not None and comp.member_id == member_id and comp.prepared_epoch is None
         )
-        if should_compute and comp is not None and not comp.notified:
-            self._notify_assigner(txn, g, comp, now_ms)
+        if should_compute and comp is not None:
+            if not comp.notified:
+                self._notify_assigner(txn, g, comp, now_ms)
+            else:  # idempotent: re-arm in case the response that first armed it was rolled back
+                txn.timer(COMPUTE, g.group_id, "", comp.deadline_ms)
         return ConnectGroupHeartbeatResponse(
             member_id=member_id if epoch == 0 else None,
             member_epoch=after.epoch,
@@ -951,6 +954,8 @@ class GroupCoordinator:
         name, _ = self._selection(g)
         if not comp.notified:
             self._notify_assigner(txn, g, comp, now_ms)
+        else:
+            txn.timer(COMPUTE, g.group_id, "", comp.deadline_ms)
         comp.prepared_epoch = g.epoch
         comp.prepared_members = frozenset(g.members)
         comp.prepared_items = frozenset(g.configured)
@@ -1103,23 +1108,35 @@ class GroupCoordinator:
         return targets
 
     # == timers =====================================================================================
+    # An expiry is re-checked against the soft deadline. One that arrives early (the deadline
+    # moved, e.g. by a heartbeat whose records were then rolled back along with its timer
+    # change) re-arms the timer at the soft deadline, so a deadline is never lost.
     def _on_session_expired(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
         deadline = g.soft.session_deadline.get(member_id)
-        if member_id not in g.members or deadline is None or deadline > now_ms:
+        if member_id not in g.members or deadline is None:
+            return
+        if deadline > now_ms:
+            txn.timer(SESSION, g.group_id, member_id, deadline)
             return
         self._fence(txn, g, member_id, now_ms, "session expired")
 
     def _on_rebalance_expired(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
         armed = g.soft.rebalance_deadline.get(member_id)
         cur = g.current.get(member_id)
-        if armed is None or cur is None or armed[1] > now_ms:
+        if armed is None or cur is None:
+            return
+        if armed[1] > now_ms:
+            txn.timer(REBALANCE, g.group_id, member_id, armed[1])
             return
         if cur.state == MemberState.UNREVOKED_ITEMS and cur.epoch == armed[0]:
             self._fence(txn, g, member_id, now_ms, "did not revoke within its rebalance timeout")
 
     def _on_compute_expired(self, txn: _Txn, g: Group, now_ms: int) -> None:
         comp = g.soft.computation
-        if comp is None or comp.deadline_ms is None or comp.deadline_ms > now_ms:
+        if comp is None or comp.deadline_ms is None:
+            return
+        if comp.deadline_ms > now_ms:
+            txn.timer(COMPUTE, g.group_id, "", comp.deadline_ms)
             return
         txn.timer(COMPUTE, g.group_id, "", None)
         self._choose_assigner(txn, g, now_ms, exclude=comp.member_id)
