@@ -1,0 +1,171 @@
+"""The throughput load generator, a process of its own:
+``python -m bench._loadgen SPEC.json`` prints one JSON line of results.
+
+SPEC: host, port, group, members ([member_id, epoch] pairs), connections, depth, warmup_s,
+duration_s, check (decode a sample of responses and count errors: on for the coordinator).
+Members are spread round robin over the connections; each connection keeps ``min(depth, its
+members)`` steady heartbeats (MemberEpoch = the member's epoch, every optional field null,
+MaxWaitMs = 0) in flight, one per member at most, and sends the next one the moment a response
+arrives (closed loop, no think time). Frames are encoded once up front, responses are only
+split (size prefix) and timed: the client costs the same against the coordinator and the echo
+server. Latency is per request, send to response, at the client, in the measured window only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from connect_wire import codec
+from connect_wire.apis import APIS
+from connect_wire.framing import encode_request_frame, parse_response_header
+from connect_wire.messages import ConnectGroupHeartbeatRequest, ConnectGroupHeartbeatResponse
+
+_SIZE = struct.Struct(">i")
+SAMPLES_PER_CONNECTION = 5
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.measuring = False
+        self.count = 0
+        self.latencies: list[float] = []
+        self.samples: list[bytes] = []
+
+
+class Client(asyncio.Protocol):
+    def __init__(self, frames: list[bytes], depth: int, stats: Stats, check: bool) -> None:
+        self.frames = frames
+        self.depth = depth
+        self.stats = stats
+        self.check = check
+        self.next = 0
+        self.sent: deque[float] = deque()
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.sampled = 0
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def _send(self, n: int) -> None:
+        frames, k, count = self.frames, self.next, len(self.frames)
+        out = []
+        now = time.perf_counter()
+        for _ in range(n):
+            out.append(frames[k])
+            k += 1
+            if k == count:
+                k = 0
+            self.sent.append(now)
+        self.next = k
+        assert self.transport is not None
+        self.transport.write(b"".join(out))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._send(self.depth)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        end = len(buf)
+        pos = n = 0
+        stats = self.stats
+        keep = stats.measuring and self.check and self.sampled < SAMPLES_PER_CONNECTION
+        while end - pos >= 4:
+            (size,) = _SIZE.unpack_from(buf, pos)
+            if end - pos - 4 < size:
+                break
+            if keep and self.sampled < SAMPLES_PER_CONNECTION:
+                stats.samples.append(bytes(buf[pos + 4: pos + 4 + size]))
+                self.sampled += 1
+            pos += 4 + size
+            n += 1
+        if not n:
+            return
+        del buf[:pos]
+        now = time.perf_counter()
+        sent = self.sent
+        if stats.measuring:
+            lat = stats.latencies
+            for _ in range(n):
+                lat.append(now - sent.popleft())
+            stats.count += n
+        else:
+            for _ in range(n):
+                sent.popleft()
+        self._send(n)
+
+
+def frames_for(group: str, members: list[tuple[str, int]]) -> list[bytes]:
+    api = APIS[ConnectGroupHeartbeatRequest.__api_key__]
+    version = ConnectGroupHeartbeatRequest.__version__
+    out = []
+    for k, (member_id, epoch) in enumerate(members):
+        body = codec.encode(ConnectGroupHeartbeatRequest(
+            group_id=group, member_id=member_id, member_epoch=epoch, max_wait_ms=0))
+        out.append(encode_request_frame(api.key, version, k + 1, "bench-loadgen", body,
+                                        api.request_header_version(version)))
+    return out
+
+
+async def run(spec: dict[str, Any]) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    members = [tuple(m) for m in spec["members"]]
+    connections = spec["connections"]
+    stats = Stats()
+    clients = []
+    for c in range(connections):
+        mine = members[c::connections]
+        if not mine:
+            continue
+        frames = frames_for(spec["group"], mine)  # type: ignore[arg-type]
+        depth = max(1, min(spec["depth"], len(frames)))
+        _, proto = await loop.create_connection(
+            lambda f=frames, d=depth: Client(f, d, stats, spec["check"]), spec["host"], spec["port"])
+        clients.append(proto)
+    await asyncio.sleep(spec["warmup_s"])
+    stats.measuring = True
+    started = time.perf_counter()
+    await asyncio.sleep(spec["duration_s"])
+    stats.measuring = False
+    elapsed = time.perf_counter() - started
+    in_flight = sum(c.depth for c in clients)
+    for c in clients:
+        if c.transport is not None:
+            c.transport.close()
+    errors = 0
+    if spec["check"]:
+        header_version = APIS[ConnectGroupHeartbeatRequest.__api_key__].response_header_version(0)
+        for frame in stats.samples:
+            _, offset = parse_response_header(frame, header_version)
+            resp = codec.decode(ConnectGroupHeartbeatResponse, frame, offset)[0]
+            errors += resp.error_code != 0
+    lat = sorted(stats.latencies)
+
+    def pct(q: float) -> float:
+        return lat[min(len(lat) - 1, round(q * (len(lat) - 1)))] * 1e6 if lat else float("nan")
+
+    return {"requests": stats.count, "seconds": elapsed, "per_second": stats.count / elapsed,
+            "p50_us": pct(0.50), "p99_us": pct(0.99), "connections": len(clients),
+            "in_flight": in_flight, "checked": len(stats.samples), "errors": errors}
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    print(json.dumps(uvloop.run(run(spec))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
