@@ -31,7 +31,7 @@ from functools import cache
 from types import NoneType, UnionType
 from typing import Any, TypeVar, get_args, get_origin
 
-from kio.serial import entity_writer
+from kio.serial import entity_reader, entity_writer
 from kio.serial._parse import get_reader as _primitive_reader
 from kio.serial.readers import (
     compact_array_reader,
@@ -42,7 +42,7 @@ from kio.serial.readers import (
     read_unsigned_varint,
 )
 
-__all__ = ["DecodeError", "decode", "encode", "encode_into"]
+__all__ = ["DecodeError", "decode", "decode_trusted", "encode", "encode_into"]
 
 T = TypeVar("T")
 
@@ -98,6 +98,20 @@ def decode(cls: type[T], data: bytes | bytearray | memoryview, offset: int = 0) 
         return _walker(cls)(data, offset)
     except DecodeError:
         raise
+    except Exception as exc:
+        raise DecodeError(f"cannot decode {cls.__name__}: {exc!r}") from None
+
+
+def decode_trusted(cls: type[T], data: bytes, offset: int = 0) -> tuple[T, int]:
+    """Decode bytes this program wrote itself and a checksum vouched for (the coordinator's own
+    CRC-checked log): kio's native whole-entity reader, about 5x faster than the walker, which
+    still runs when the native reader meets an unknown tagged field (a newer version's record).
+    Never use this for bytes from the network."""
+    try:
+        value, size = entity_reader(cls)(data, offset)
+        return value, offset + size
+    except KeyError:
+        return decode(cls, data, offset)
     except Exception as exc:
         raise DecodeError(f"cannot decode {cls.__name__}: {exc!r}") from None
 

@@ -493,3 +493,17 @@ def test_kio_header_encoding_matches() -> None:
     )
     raw = encode_request_header(10003, 0, 8, "")
     assert entity_reader(KioRequestHeaderV2)(raw, 0) == (kio_header, len(raw))
+
+
+@given(st.integers(-(2**31), 2**31 - 1), st.sampled_from([0, 1]))
+def test_response_header_matches_kios_writer(correlation_id: int, version: int) -> None:
+    """encode_response_header packs with struct; it must equal kio's entity writer's bytes."""
+    import io
+
+    from connect_wire import framing
+
+    cls, write = {1: (framing._ResponseHeaderV1, framing._write_response_v1),
+                  0: (framing._ResponseHeaderV0, framing._write_response_v0)}[version]
+    buffer = io.BytesIO()
+    write(buffer, cls(correlation_id=correlation_id))
+    assert framing.encode_response_header(correlation_id, version) == buffer.getvalue()

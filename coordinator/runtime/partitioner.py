@@ -7,6 +7,8 @@ tooling computes the same partition for a group.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 
 def java_string_hash(text: str) -> int:
     """Java's ``String.hashCode`` of ``text`` as a signed 32-bit int."""
@@ -17,6 +19,7 @@ def java_string_hash(text: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@lru_cache(maxsize=65536)
 def partition_for(group_id: str, partitions: int) -> int:
     """The partition of ``group_id`` among ``partitions``."""
     if partitions <= 0:

@@ -120,7 +120,7 @@ def record_type_of(key_bytes: bytes) -> tuple[int, int]:
 
 def _decode_exact(cls: type, data: bytes, offset: int, what: str) -> Any:
     try:
-        entity, end = codec.decode(cls, data, offset)
+        entity, end = codec.decode_trusted(cls, data, offset)  # our own CRC-checked log
     except codec.DecodeError as exc:
         raise CorruptRecord(f"{what}: {exc}") from None
     if end != len(data):
