@@ -1,0 +1,1667 @@
+"""The deterministic simulation: the real coordinator core and the real worker membership state
+machines and assignors, driven by a virtual clock, with a simulated network, log and faults.
+
+Theory of operation
+-------------------
+* **One event queue, one clock.** Everything that happens is an event ``(time, sequence, fn)``
+  in one heap; time is virtual milliseconds. Every random choice comes from a
+  ``random.Random`` seeded from the run's seed (one stream per concern: network, work
+  durations, faults, coordinator, client backoff), nothing iterates a set in hash order and no
+  wall clock is read, so one seed is one run, in any process.
+* **The coordinator** (:class:`CoordinatorNode`) is a model of ``coordinator/runtime/shard.py``
+  around the real :class:`~coordinator.group.coordinator.GroupCoordinator`: it drains its
+  queue, runs each handler, then "fsyncs" the batch (a sampled latency; it may fail, and then
+  every result of the batch is rolled back in reverse with ``rollback`` and answered
+  COORDINATOR_NOT_AVAILABLE), and only then releases responses, sets timers and re-evaluates
+  parked long-poll heartbeats. Its durable log is a compacted ``key -> record`` map; a restart
+  replays it into a new core and calls ``on_loaded``.
+* **Workers** (:class:`SimWorker`) are a model of ``worker_client/worker.py`` around the real
+  :class:`~worker_client.membership.Membership`: a main loop that sends each heartbeat the
+  membership asks for and carries out its actions in order (revoke = stop the items, sampled
+  stop durations, then ``revoked``; assign = start them, then ``assigned_started``; lost = stop
+  everything), a watchdog (``check_session`` every 100 ms), and the chosen worker's
+  Prepare -> ``assign`` -> Install task on a second connection.
+* **The network** keeps per-connection FIFO order; latencies are sampled per message, so
+  messages on different connections reorder. A lost message resets its connection; a
+  partition delays a worker's messages until it heals (TCP retransmits) or its requests time
+  out; a paused worker (stop-the-world) handles nothing until it wakes, then its buffered input
+  first, then its due timers (asyncio's order).
+* **Invariants** are checked as the run goes (see :mod:`simulation` and docs/simulation.md);
+  the first violation stops the run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from connect_wire.errors import ErrorCode as E
+from connect_wire.items import CONNECTOR, Item
+from connect_wire.messages import (
+    ConnectGroupAlterConnectorsRequest,
+    ConnectGroupAlterConnectorsResponse,
+    ConnectGroupHeartbeatRequest,
+    ConnectGroupHeartbeatResponse,
+    ConnectGroupInstallAssignmentRequest,
+    ConnectGroupInstallAssignmentResponse,
+    ConnectGroupPrepareAssignmentRequest,
+    ConnectGroupPrepareAssignmentResponse,
+)
+from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
+from connect_wire.records import GroupConnectorsKey
+from coordinator.group.config import GroupCoordinatorConfig
+from coordinator.group.coordinator import GroupCoordinator, Result
+from coordinator.group.invariants import InvariantViolation, check_invariants, epochs
+from coordinator.group.model import GroupState
+from coordinator.runtime.shard import MAX_DRAIN, Shard
+from worker_client.assignors import (
+    EagerAssignor,
+    IncrementalCooperativeAssignor,
+    group_from_prepare,
+    install_request,
+)
+from worker_client.membership import Assign, AssignorAd, Compute, Fatal, Lost, Membership, Revoke, State
+
+from .scenarios import Fault, Scenario
+
+GROUP = "g"
+WATCHDOG_MS = 100
+"""The real worker's watchdog checks ``check_session`` every 100 ms."""
+FORMATION_BOUND_MS = 120_000
+INF = 1 << 62
+
+_quiet = Shard._quiet  # the daemon's "would this answer tell the member nothing new?"
+
+
+# == bookkeeping of running items ====================================================================
+
+
+class Run:
+    """One item on one worker process: running from ``start`` (its start began) until ``end``
+    (its stop completed); *up* (doing work) from ``up_at`` until ``stop_begin``."""
+
+    __slots__ = ("item", "worker", "start", "up_at", "stop_begin", "end")
+
+    def __init__(self, item: Item, worker: SimWorker, start: int, up_at: int) -> None:
+        self.item = item
+        self.worker = worker
+        self.start = start
+        self.up_at = up_at
+        self.stop_begin: int | None = None
+        self.end: int | None = None
+
+
+class Overlap:
+    __slots__ = ("item", "old", "new", "at", "excused")
+
+    def __init__(self, item: Item, old: Run, new: Run, at: int, excused: bool) -> None:
+        self.item, self.old, self.new, self.at, self.excused = item, old, new, at, excused
+
+    def length(self, now: int) -> int:
+        a = self.old.end if self.old.end is not None else now
+        b = self.new.end if self.new.end is not None else now
+        return max(0, min(a, b) - self.at)
+
+
+class ItemStat:
+    """Downtime bookkeeping of one configured item: down since ``down_since`` (None: up)."""
+
+    __slots__ = ("down_since", "ups")
+
+    def __init__(self, down_since: int | None) -> None:
+        self.down_since = down_since
+        self.ups: list[Run] = []
+
+
+# == network ============================================================================================
+
+
+class Pending:
+    """A request in flight from a worker: its callbacks and deadline."""
+
+    __slots__ = ("request", "on_ok", "on_fail", "deadline", "done", "ignore")
+
+    def __init__(self, request: Any, on_ok: Callable[[Any], None], on_fail: Callable[[str], None],
+                 deadline: int) -> None:
+        self.request = request
+        self.on_ok = on_ok
+        self.on_fail = on_fail
+        self.deadline = deadline
+        self.done = False
+        self.ignore = False  # the caller stopped waiting (cancelled): drop the answer
+
+
+class Conn:
+    """One TCP connection between a worker process and the coordinator process."""
+
+    __slots__ = ("cid", "worker", "inc", "kind", "state", "coord_inc", "up_last", "down_last",
+                 "inflight", "queued")
+
+    def __init__(self, cid: int, worker: SimWorker, kind: str, coord_inc: int) -> None:
+        self.cid = cid
+        self.worker = worker
+        self.inc = worker.inc
+        self.kind = kind
+        self.state = "connecting"
+        self.coord_inc = coord_inc
+        self.up_last = 0
+        self.down_last = 0
+        self.inflight: deque[Pending] = deque()
+        self.queued: list[Pending] = []
+
+    @property
+    def open(self) -> bool:
+        return self.state == "open"
+
+
+# == the coordinator ======================================================================================
+
+
+@dataclass
+class Parked:
+    conn: Conn
+    pending: Pending
+    request: ConnectGroupHeartbeatRequest
+    response: Any
+    refreshing: bool = False
+    expired: bool = False
+
+
+class CoordinatorNode:
+    """A model of the daemon's shard around the real GroupCoordinator."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.inc = 0
+        self.up = True
+        self.loading = False
+        self.log: dict[Any, Any] = {}  # compacted: key -> latest record, in order of last write
+        self.core = self._new_core()
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.busy = False
+        self.timers: dict[Any, int] = {}
+        self.parked: dict[tuple[str, str], Parked] = {}
+        self.batches = 0
+        self.epochs: dict[str, Any] = epochs(self.core.state)
+
+    def _new_core(self) -> GroupCoordinator:
+        sc = self.sim.scenario
+        config = GroupCoordinatorConfig(
+            session_timeout_ms=sc.session_timeout_ms, heartbeat_interval_ms=sc.heartbeat_interval_ms,
+            min_session_timeout_ms=min(1_000, sc.session_timeout_ms),
+            min_heartbeat_interval_ms=min(100, sc.heartbeat_interval_ms),
+        )
+        return GroupCoordinator(config, member_id_factory=self.sim.generated_id, strict=True)
+
+    # -- input -----------------------------------------------------------------------------------------
+    def receive(self, conn: Conn, pending: Pending) -> None:
+        if not self.up or conn.coord_inc != self.inc or conn.state != "open":
+            return
+        self.queue.append(("req", conn, pending))
+        self.kick()
+
+    def kick(self) -> None:
+        if not self.busy and self.queue and self.up:
+            self.busy = True
+            self.sim.at(self.sim.now, self._drain, self.inc)
+
+    # -- the batch: handlers, fsync, release --------------------------------------------------------------
+    def _drain(self, inc: int) -> None:
+        if inc != self.inc or not self.up:
+            return
+        sim = self.sim
+        batch = [self.queue.popleft() for _ in range(min(MAX_DRAIN, len(self.queue)))]
+        pending: list[tuple[tuple[Any, ...], Result]] = []
+        for ev in batch:
+            result = self._apply(ev)
+            if result is not None:
+                pending.append((ev, result))
+        if any(r.records for _, r in pending):
+            sim.at(sim.now + sim.sample(sim.rng_coord, sim.scenario.fsync_ms), self._commit, inc, pending)
+        else:
+            self._commit(inc, pending)
+
+    def _apply(self, ev: tuple[Any, ...]) -> Result | None:
+        sim = self.sim
+        kind = ev[0]
+        now = sim.now
+        try:
+            if kind == "req":
+                conn, pend = ev[1], ev[2]
+                req = pend.request
+                if self.loading:
+                    self.respond(conn, pend, error_response(req, E.COORDINATOR_LOAD_IN_PROGRESS, now))
+                    return None
+                if isinstance(req, ConnectGroupHeartbeatRequest):
+                    result = self.core.heartbeat(req, now)
+                elif isinstance(req, ConnectGroupPrepareAssignmentRequest):
+                    result = self.core.prepare_assignment(req, now)
+                elif isinstance(req, ConnectGroupInstallAssignmentRequest):
+                    result = self.core.install_assignment(req, now)
+                elif isinstance(req, ConnectGroupAlterConnectorsRequest):
+                    result = self.core.alter_connectors(req, now)
+                else:  # pragma: no cover - the simulation sends nothing else
+                    raise AssertionError(f"unexpected request {type(req).__name__}")
+            elif kind == "timer":
+                result = self.core.on_timer(ev[1], now)
+            elif kind == "probe":
+                key, parked, probe = ev[1], ev[2], ev[3]
+                result = Result() if self.parked.get(key) is not parked else self.core.heartbeat(probe, now)
+            elif kind == "loaded":
+                result = self.core.on_loaded(now)
+            else:  # pragma: no cover
+                raise AssertionError(kind)
+        except Exception as exc:  # strict core: an internal error is a bug
+            sim.violate(f"coordinator raised {exc!r} handling {kind}")
+            return None
+        if result.records and sim.faulty() and sim.rng_coord.random() < sim.scenario.append_fail:
+            self.core.rollback(result)
+            sim.trace("log_append_failed", detail=f"{kind}: {len(result.records)} records rolled back")
+            self._failed(ev)
+            return None
+        return result
+
+    def _failed(self, ev: tuple[Any, ...]) -> None:
+        kind = ev[0]
+        if kind == "req":
+            answer = error_response(ev[2].request, E.COORDINATOR_NOT_AVAILABLE, self.sim.now)
+            self.respond(ev[1], ev[2], answer)
+        elif kind == "probe":
+            parked = ev[2]
+            parked.refreshing = False
+            if parked.expired and self.parked.get(ev[1]) is parked:
+                self._release(ev[1])
+
+    def _commit(self, inc: int, pending: list[tuple[tuple[Any, ...], Result]]) -> None:
+        if inc != self.inc or not self.up:
+            return
+        sim = self.sim
+        wrote = any(r.records for _, r in pending)
+        if wrote and sim.faulty() and sim.rng_coord.random() < sim.scenario.fsync_fail:
+            sim.trace("log_fsync_failed", detail=f"{len(pending)} results rolled back")
+            for _, result in reversed(pending):
+                self.core.rollback(result)
+            for ev, _ in pending:
+                self._failed(ev)
+            self._after_batch(wrote)
+            return
+        wake: set[tuple[str, str]] = set()
+        for ev, result in pending:
+            for record in result.records:
+                self.log.pop(record.key, None)
+                self.log[record.key] = record
+            for op in result.timers:
+                if op.deadline_ms is None:
+                    self.timers.pop(op.key, None)
+                else:
+                    self.timers[op.key] = op.deadline_ms
+                    sim.at(max(sim.now, op.deadline_ms), self._fire, self.inc, op.key, op.deadline_ms)
+            wake |= result.wake
+            if result.records:
+                sim.on_records(result.records)
+            kind = ev[0]
+            if kind == "req":
+                req = ev[2].request
+                if isinstance(req, ConnectGroupHeartbeatRequest):
+                    self._heartbeat_committed(ev[1], ev[2], result.response)
+                else:
+                    self.respond(ev[1], ev[2], result.response)
+            elif kind == "probe":
+                key, parked, probe = ev[1], ev[2], ev[3]
+                parked.refreshing = False
+                if self.parked.get(key) is parked and (
+                        parked.expired or not _quiet(probe, result.response)):
+                    del self.parked[key]
+                    self.respond(parked.conn, parked.pending, result.response)
+        for key in sorted(wake):
+            self._refresh(key)
+        self._after_batch(wrote)
+
+    def _after_batch(self, wrote: bool) -> None:
+        self.batches += 1
+        self.sim.check_coordinator(self, wrote)
+        self.busy = False
+        self.kick()
+
+    # -- timers ---------------------------------------------------------------------------------------
+    def _fire(self, inc: int, key: Any, deadline: int) -> None:
+        if inc != self.inc or not self.up or self.timers.get(key) != deadline:
+            return
+        del self.timers[key]
+        self.queue.append(("timer", key))
+        self.kick()
+
+    # -- long poll (shard._heartbeat_committed and friends) ----------------------------------------------
+    def _heartbeat_committed(self, conn: Conn, pend: Pending, resp: Any) -> None:
+        req = pend.request
+        key = (req.group_id, req.member_id)
+        previous = self.parked.pop(key, None)
+        if previous is not None:
+            self.respond(previous.conn, previous.pending, previous.response)
+        wait = req.max_wait_ms
+        if wait <= 0 or not _quiet(req, resp):
+            self.respond(conn, pend, resp)
+            return
+        g = self.core.group(req.group_id)
+        session_ms, interval_ms = self.core.config.for_group(g.configs if g else {})
+        wait = min(wait, max(0, session_ms - interval_ms))
+        if wait <= 0:
+            self.respond(conn, pend, resp)
+            return
+        parked = Parked(conn, pend, req, resp)
+        self.parked[key] = parked
+        self.sim.at(self.sim.now + wait, self._parked_timeout, self.inc, key, parked)
+
+    def _release(self, key: tuple[str, str]) -> None:
+        parked = self.parked.pop(key, None)
+        if parked is not None:
+            self.respond(parked.conn, parked.pending, parked.response)
+
+    def _parked_timeout(self, inc: int, key: tuple[str, str], parked: Parked) -> None:
+        if inc != self.inc or self.parked.get(key) is not parked:
+            return
+        if parked.refreshing:
+            parked.expired = True
+            return
+        self._release(key)
+
+    def _refresh(self, key: tuple[str, str]) -> None:
+        parked = self.parked.get(key)
+        if parked is None or parked.refreshing or self.loading:
+            return
+        parked.refreshing = True
+        req = parked.request
+        probe = req if req.member_epoch == 0 else ConnectGroupHeartbeatRequest(
+            group_id=req.group_id, member_id=req.member_id, member_epoch=req.member_epoch)
+        self.queue.append(("probe", key, parked, probe))
+        self.kick()
+
+    # -- output -----------------------------------------------------------------------------------------
+    def respond(self, conn: Conn, pend: Pending, resp: Any) -> None:
+        self.sim.net_response(conn, pend, resp)
+
+    # -- crash and restart ------------------------------------------------------------------------------
+    def crash(self) -> None:
+        sim = self.sim
+        self.up = False
+        self.inc += 1
+        self.queue.clear()
+        self.parked.clear()
+        self.timers.clear()
+        self.busy = False
+        self.core = None  # type: ignore[assignment]
+        for conn in sim.all_conns():
+            sim.reset_conn(conn, "coordinator crashed")
+
+    def restart(self) -> None:
+        sim = self.sim
+        self.up = True
+        self.loading = True
+        self.core = self._new_core()
+        for record in self.log.values():
+            self.core.replay(record)
+        try:
+            check_invariants(self.core.state, self.epochs)
+        except InvariantViolation as exc:
+            sim.violate(f"state replayed from the log breaks invariants: {exc}")
+            return
+        self.epochs = epochs(self.core.state)
+        sim.trace("coordinator_loading", detail=f"{len(self.log)} records")
+        sim.at(sim.now + sim.sample(sim.rng_coord, sim.scenario.load_ms), self._loaded, self.inc)
+
+    def _loaded(self, inc: int) -> None:
+        if inc != self.inc:
+            return
+        self.loading = False
+        self.queue.appendleft(("loaded",))
+        self.sim.trace("coordinator_loaded")
+        self.kick()
+
+
+def error_response(req: Any, code: int, now: int) -> Any:
+    """What the daemon answers a request it cannot handle (retriable errors)."""
+    if isinstance(req, ConnectGroupHeartbeatRequest):
+        return ConnectGroupHeartbeatResponse(
+            error_code=code, error_message=None, member_id=None, member_epoch=req.member_epoch,
+            heartbeat_interval_ms=0, should_compute_assignment=False)
+    if isinstance(req, ConnectGroupPrepareAssignmentRequest):
+        return ConnectGroupPrepareAssignmentResponse(
+            error_code=code, error_message=None, group_epoch=-1, assignment_epoch=-1,
+            assignor_name="", coordinator_time_ms=now, assignor_state=b"")
+    if isinstance(req, ConnectGroupInstallAssignmentRequest):
+        return ConnectGroupInstallAssignmentResponse(error_code=code, error_message=None)
+    return ConnectGroupAlterConnectorsResponse(error_code=code, error_message=None, group_epoch=-1)
+
+
+# == workers ================================================================================================
+
+RETRY_COORDINATOR = (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE)
+
+
+class SimWorker:
+    """A model of worker_client/worker.py (its structure, step by step) around the real
+    Membership and assignor.
+
+    * The main loop sends the heartbeat Membership asks for; Revoke and Assign actions queue
+      (``pending``) and run one at a time as the *acting* task while the loop keeps sending
+      plain keepalive heartbeats; a Lost is carried out by the loop itself (it waits); Compute
+      runs in the background.
+    * Revoke stops the items (each a sampled stop, in parallel, cut at the stop deadline of
+      half the rebalance timeout) and then reports them; Assign fetches the configs (one round
+      trip), creates the instances (they run from then on and are *up* after a sampled start)
+      and reports them started.
+    * The watchdog fires at exactly ``last_success_ms + session timeout`` (``check_session``).
+    """
+
+    def __init__(self, sim: Simulation, slot: int) -> None:
+        self.sim = sim
+        self.slot = slot
+        self.name = f"w{slot:03d}"
+        self.inc = 0
+        self.alive = False
+        self.leaving = False
+        self.failed = False
+        self.m: Membership = None  # type: ignore[assignment]
+        self.runs: dict[Item, Run] = {}  # the instances (worker.instances)
+        self.stopping: dict[Item, Run] = {}
+        self.conns: dict[str, Conn | None] = {"hb": None, "ctl": None}
+        self.failures = 0
+        self.coordinator_known = False
+        self.pending: deque[Any] = deque()
+        self.acting: Any = None  # the Revoke/Assign in progress
+        self.acting_done = False
+        self.acting_until = 0  # when it will be done (known when it starts)
+        self.blocked = False  # the loop awaits a Lost or a sweep
+        self.leave_restart: int | None = None
+        self.leave_started = False
+        self.queue: deque[Any] = deque()  # actions of the last response still to handle
+        self.hb: Pending | None = None
+        self.computing = False
+        self.step_at: int | None = None
+        self.wd_at: int | None = None
+        self.paused_until = 0
+        self.deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
+        self.pause_began = -1
+        self.pause_lease_expired = False
+        self.resumed_at = -1
+        self.part_start = 0
+        self.part_end = 0
+        self.slow_until = 0
+
+    # -- events of this process: dropped after it ends, deferred while it is paused ----------------------
+    def at(self, t: int, fn: Callable[..., None], *args: Any, io: bool = False) -> None:
+        self.sim.at(t, self._event, self.inc, io, fn, args)
+
+    def _event(self, inc: int, io: bool, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        if inc != self.inc or not self.alive:
+            return
+        if self.sim.now < self.paused_until:
+            self.deferred.append((0 if io else 1, fn, args))
+            return
+        fn(*args)
+
+    @property
+    def paused(self) -> bool:
+        return self.sim.now < self.paused_until
+
+    @property
+    def stop_deadline(self) -> int:
+        return max(100, self.sim.scenario.rebalance_timeout_ms // 2)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        sim, sc = self.sim, self.sim.scenario
+        self.inc += 1
+        self.alive = True
+        self.leaving = False
+        self.pending.clear()
+        self.queue.clear()
+        self.acting = None
+        self.acting_done = False
+        self.blocked = False
+        self.hb = None
+        self.computing = False
+        self.step_at = None
+        self.wd_at = None
+        self.failures = 0
+        self.coordinator_known = False
+        self.conns = {"hb": None, "ctl": None}
+        self.paused_until = 0
+        self.deferred = []
+        self.pause_began = -1
+        self.pause_lease_expired = False
+        self.assignor = (EagerAssignor() if sim.assignor == "eager"
+                         else IncrementalCooperativeAssignor(max_delay_ms=sc.max_delay_ms))
+        meta = self.assignor.metadata()
+        self.m = Membership(
+            group_id=GROUP,
+            assignors=[AssignorAd(self.assignor.name, self.assignor.minimum_version,
+                                  self.assignor.maximum_version, meta.reason, meta.version, meta.data)],
+            rebalance_timeout_ms=sc.rebalance_timeout_ms,
+            member_id=self.name if sc.identity == "member_id" else "",
+            instance_id=self.name if sc.identity == "static" else None,
+            long_poll=sc.long_poll, session_timeout_ms=sc.session_timeout_ms,
+        )
+        self.m.join(sim.now)
+        sim.trace("worker_start", self.name, detail=f"incarnation {self.inc}")
+        self.wake()
+
+    def crash(self) -> None:
+        """The process dies: everything it ran stops now; its connections reset."""
+        if not self.alive:
+            return
+        self.sim.trace("worker_crash", self.name, detail=f"{len(self.runs)} items")
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        now = self.sim.now
+        for item in sorted(self.runs):  # the process ends: whatever still runs stops with it
+            self.sim.run_stopped(self.runs[item], now, now)
+        self.runs = {}
+        for run in self.stopping.values():  # ... including instances still stopping
+            if run.end is not None and run.end > now:
+                run.end = now
+        self.stopping = {}
+        self.alive = False
+        self.inc += 1
+        for conn in list(self.conns.values()):
+            if conn is not None:
+                self.sim.reset_conn(conn, "worker process ended", notify=False)
+        self.conns = {"hb": None, "ctl": None}
+
+    def graceful_stop(self, restart_after: int | None) -> None:
+        """worker.stop(): end the loop (it lets a Lost, or a start or stop in progress, finish;
+        stop() waits for that at most twice the stop deadline plus 2 s), stop every instance,
+        leave (-2 for a static member, else -1), exit."""
+        sim = self.sim
+        if not self.alive or self.leaving:
+            return
+        self.leaving = True
+        self.leave_restart = restart_after
+        self.leave_started = False
+        if self.hb is not None:  # the heartbeat in flight is cancelled
+            self.hb.ignore = True
+            self.hb = None
+        sim.trace("worker_stop", self.name, detail=f"{len(self.runs)} items")
+        self.at(sim.now + 2 * self.stop_deadline + 2_000, self._loop_ended, True)
+        self._loop_ended()
+
+    def _loop_ended(self, timed_out: bool = False) -> None:
+        if not self.leaving or self.leave_started:
+            return
+        if not timed_out and (self.blocked or (self.acting is not None and not self.acting_done)):
+            return  # the loop finishes that first
+        self.leave_started = True
+        self._stop_all_and_leave(self.leave_restart)
+
+    def _stop_all_and_leave(self, restart_after: int | None) -> None:
+        done = self._stop_items(frozenset(self.runs), slow_ok=True)
+        self.at(done, self._leave, restart_after)
+
+    def _leave(self, restart_after: int | None) -> None:
+        m = self.m
+        if not m.member_id:
+            self._exit(restart_after)
+            return
+        req = m.leave_request(static=m.instance_id is not None)
+        self.send("ctl", req, lambda resp: self._exit(restart_after), lambda why: self._exit(restart_after))
+
+    def _exit(self, restart_after: int | None) -> None:
+        self.m.left()
+        self.sim.trace("worker_left", self.name)
+        self._shutdown()
+        if restart_after is not None:
+            self.sim.at(self.sim.now + restart_after, self.sim.restart_worker, self)
+
+    def pause(self, duration: int) -> None:
+        sim = self.sim
+        if not self.alive:
+            return
+        if not self.paused:
+            self.pause_began = sim.now
+        self.paused_until = max(self.paused_until, sim.now + duration)
+        sim.trace("worker_pause", self.name, detail=f"{duration} ms")
+        sim.at(self.paused_until, self._resume, self.inc)
+
+    def _resume(self, inc: int) -> None:
+        sim = self.sim
+        if inc != self.inc or not self.alive or sim.now < self.paused_until:
+            return
+        sim.trace("worker_resume", self.name)
+        last = self.m.last_success_ms
+        self.pause_lease_expired = last is None or last + sim.scenario.session_timeout_ms <= sim.now
+        self.resumed_at = sim.now
+        deferred = sorted(self.deferred, key=lambda d: d[0])  # buffered input first, then timers
+        self.deferred = []
+        for _, fn, args in deferred:
+            if inc != self.inc or not self.alive:
+                return
+            fn(*args)
+        sim.after_resume(self)
+
+    # -- the main loop -----------------------------------------------------------------------------------
+    def wake(self) -> None:
+        self.schedule_step(self.sim.now)
+
+    def schedule_step(self, t: int) -> None:
+        if self.step_at is not None and self.step_at <= t:
+            return
+        self.step_at = t
+        self.at(t, self._step, t)
+
+    def _step(self, t: int) -> None:
+        if self.step_at != t:
+            return
+        self.step_at = None
+        if self.blocked or self.hb is not None or self.leaving or self.failed or self.queue:
+            return
+        m = self.m
+        sim = self.sim
+        now = sim.now
+        if m.state == State.FAILED:
+            self.failed = True
+            sim.violate(f"{self.name} failed: {m.failure}")
+            return
+        if self.acting is not None and self.acting_done:
+            self.acting = None
+            self.acting_done = False
+            strays = frozenset(self.runs) - m.owned - m.assigned
+            if strays:  # _sweep: instances started after a Lost had stopped everything
+                sim.trace("sweep", self.name, detail=_items_detail(strays))
+                self._block_until(self._stop_items(strays))
+                return
+        if self.acting is None and self.pending:
+            self._begin_acting(self.pending.popleft())
+        busy = self.acting is not None
+        if not m.heartbeat_due(now, keepalive=busy):
+            if not m.stopping_lost and m.state in (State.JOINING, State.RECONCILING, State.STABLE):
+                self.schedule_step(max(now + 1, m.next_due_ms(busy)))
+            return
+        req = m.heartbeat_request(now, keepalive=busy)
+        sim.trace("heartbeat", self.name, epoch=req.member_epoch,
+                  detail=("full" if req.client_assignors is not None else "")
+                  + (" keepalive" if busy else ""))
+        timeout = sim.scenario.request_timeout_ms + req.max_wait_ms
+        self.hb = self.send("hb", req, self._on_heartbeat, self._on_heartbeat_failed, timeout)
+
+    def _block_until(self, t: int) -> None:
+        self.blocked = True
+        self.at(t, self._unblock)
+
+    def _unblock(self) -> None:
+        self.blocked = False
+        if self.leaving:
+            self._loop_ended()
+            return
+        self._handle_queue()
+
+    def _on_heartbeat(self, resp: Any) -> None:
+        sim = self.sim
+        self.hb = None
+        m = self.m
+        before = m.member_epoch
+        actions = m.on_response(resp, sim.now)
+        if resp.error_code == 0:
+            self.arm_watchdog()
+            if 0 < m.member_epoch < before:
+                sim.violate(f"{self.name}: member epoch went back {before} -> {m.member_epoch}")
+        sim.trace("heartbeat_response", self.name, epoch=m.member_epoch,
+                  detail=_response_detail(resp, actions))
+        if resp.error_code in RETRY_COORDINATOR:
+            self.invalidate()
+        self.queue.extend(actions)
+        self._handle_queue()
+
+    def _handle_queue(self) -> None:
+        """The loop's ``for action in m.on_response(...)``: queue Revoke/Assign, do the rest."""
+        sim = self.sim
+        while self.queue and not self.blocked:
+            action = self.queue.popleft()
+            if isinstance(action, Revoke | Assign):
+                self.pending.append(action)
+            elif isinstance(action, Lost):
+                sim.trace("lost", self.name, detail=f"{action.reason}; {_items_detail(action.items)}")
+                self._lose(action, block=True)
+            elif isinstance(action, Compute):
+                if not self.computing:
+                    self._compute()
+            elif isinstance(action, Fatal):
+                sim.trace("fatal", self.name, detail=action.message)
+        if not self.blocked:
+            sim.worker_settled(self)
+            self.wake()
+
+    def _on_heartbeat_failed(self, why: str) -> None:
+        self.hb = None
+        self.m.on_failure(self.sim.now, self.backoff())
+        self.sim.trace("heartbeat_failed", self.name, detail=why)
+        self.wake()
+
+    # -- the acting task: one Revoke or Assign at a time ---------------------------------------------
+    def _begin_acting(self, action: Any) -> None:
+        sim = self.sim
+        m = self.m
+        self.acting = action
+        self.acting_done = False
+        if isinstance(action, Revoke):
+            items = action.items & m.owned
+            sim.trace("revoke", self.name, epoch=m.member_epoch, detail=_items_detail(items))
+            done = self._stop_items(items) if items else sim.now
+            self.acting_until = done
+            self.at(done, self._acting_finished, action, items)
+        else:
+            items = action.items & m.assigned - m.owned
+            sim.trace("assign", self.name, epoch=m.member_epoch, detail=_items_detail(items))
+            # _start_items: the connectors' configs first (Describe, one round trip), then the
+            # instances are created; their plugins start in the background.
+            done = sim.now + (sim.latency() + sim.latency() if items else 0)
+            self.acting_until = done
+            self.at(done, self._assign_configs_fetched, action, items)
+
+    def _assign_configs_fetched(self, action: Any, items: frozenset[Item]) -> None:
+        self._start_items(items)
+        self._acting_finished(action, items)
+
+    def _acting_finished(self, action: Any, items: frozenset[Item]) -> None:
+        now = self.sim.now
+        if items:
+            if isinstance(action, Revoke):
+                self.m.revoked(items, now)
+            else:
+                self.m.assigned_started(items, now)
+        self.acting_done = True
+        if self.leaving:
+            self._loop_ended()
+            return
+        self.sim.worker_settled(self)
+        self.wake()
+
+    # -- lost: everything stops -----------------------------------------------------------------------
+    def _lose(self, lost: Lost, block: bool) -> None:
+        """worker._act(Lost): stop every instance and what was reported; if a start or stop is in
+        progress, let it finish (bounded) and stop what it started; then report. ``block``: the
+        loop awaits this (a fenced response), else the watchdog runs it beside the loop."""
+        self.pending.clear()
+        now = self.sim.now
+        if block:
+            self.blocked = True
+        done = self._stop_items(frozenset(self.runs) | lost.items)
+        if self.acting is not None and not self.acting_done:
+            settle = min(self.acting_until, now + 2 * self.stop_deadline + 1_000)
+            self.at(max(done, settle), self._lose_settled, lost, block)
+        else:
+            self.at(done, self._lost_done, lost, block)
+
+    def _lose_settled(self, lost: Lost, block: bool) -> None:
+        self.at(self._stop_items(frozenset(self.runs)), self._lost_done, lost, block)
+
+    def _lost_done(self, lost: Lost, block: bool) -> None:
+        self.m.revoked(lost.items, self.sim.now)
+        if self.leaving:
+            if block:
+                self.blocked = False
+            self._loop_ended()
+            return
+        if block:
+            self._unblock()
+        else:
+            self.wake()
+
+    # -- watchdog ------------------------------------------------------------------------------------------
+    def arm_watchdog(self) -> None:
+        last = self.m.last_success_ms
+        if last is None:
+            return
+        due = max(self.sim.now, last + self.sim.scenario.session_timeout_ms)
+        if self.wd_at is not None and self.wd_at <= due:
+            return
+        self.wd_at = due
+        self.at(due, self._watchdog, due)
+
+    def _watchdog(self, due: int) -> None:
+        if self.wd_at != due or self.leaving:  # run() cancels the watchdog when its loop ends
+            return
+        self.wd_at = None
+        sim = self.sim
+        m = self.m
+        lost = m.check_session(sim.now)
+        if lost is None:
+            last = m.last_success_ms
+            if last is not None:
+                nxt = last + sim.scenario.session_timeout_ms
+                self.wd_at = nxt if nxt > sim.now else sim.now + WATCHDOG_MS
+                self.at(self.wd_at, self._watchdog, self.wd_at)
+            return
+        sim.trace("self_fenced", self.name, detail=_items_detail(lost.items))
+        if self.hb is not None:  # the watchdog cancels the heartbeat in flight
+            self.hb.ignore = True
+            self.hb = None
+            self.m.on_failure(sim.now, self.backoff())
+        self._lose(lost, block=False)
+
+    # -- running work ------------------------------------------------------------------------------------
+    def _start_items(self, items: frozenset[Item]) -> None:
+        sim = self.sim
+        now = sim.now
+        rng = sim.rng_work
+        lo, hi = sim.scenario.start_ms
+        span = hi - lo
+        for item in sorted(items):
+            if item in self.runs:
+                continue
+            run = Run(item, self, now, now + lo + int(span * rng.random() ** 2))
+            self.runs[item] = run
+            sim.run_started(run)
+
+    def _stop_items(self, items: frozenset[Item], slow_ok: bool = True) -> int:
+        """Stop what of ``items`` runs, in parallel; returns when the last stop completes. A stop
+        is cut at the stop deadline (half the rebalance timeout): the instance is abandoned."""
+        sim = self.sim
+        now = sim.now
+        rng = sim.rng_work
+        lo, hi = sim.scenario.stop_ms
+        span = hi - lo
+        rebalance = sim.scenario.rebalance_timeout_ms
+        deadline = self.stop_deadline
+        slow = now < self.slow_until and slow_ok
+        done = now
+        for item in sorted(items):
+            run = self.runs.pop(item, None)
+            if run is None:
+                continue
+            if slow:
+                d = rebalance + int(rebalance * rng.random())
+            else:
+                d = lo + int(span * rng.random() ** 2)
+            end = now + min(d, deadline)
+            sim.run_stopped(run, now, end)
+            self.stopping[item] = run
+            if end > done:
+                done = end
+        return done
+
+    # -- computing the assignment --------------------------------------------------------------------------
+    def _compute(self) -> None:
+        m = self.m
+        self.computing = True
+        self.sim.trace("prepare", self.name, epoch=m.member_epoch)
+        self.send("ctl", ConnectGroupPrepareAssignmentRequest(
+            group_id=GROUP, member_id=m.member_id, member_epoch=m.member_epoch),
+            self._on_prepare, self._compute_failed)
+
+    def _compute_failed(self, why: str) -> None:
+        self.computing = False
+        self.sim.trace("compute_abandoned", self.name, detail=why)
+
+    def _on_prepare(self, prep: Any) -> None:
+        sim = self.sim
+        if prep.error_code:
+            self.computing = False
+            sim.trace("prepare_refused", self.name, detail=str(prep.error_code))
+            if prep.error_code in RETRY_COORDINATOR:
+                self.invalidate()
+            return
+        if prep.assignor_name != self.assignor.name:
+            self.computing = False
+            sim.violate(f"{self.name}: the group's assignor {prep.assignor_name!r} is not ours")
+            return
+        spec = group_from_prepare(prep)
+        result = self.assignor.assign(spec)
+        sim.computations += 1
+        duration = sim.sample(sim.rng_work, sim.scenario.compute_ms) + len(sim.configured) // 1000
+        self.at(sim.now + duration, self._install, prep, result, 0)
+
+    def _install(self, prep: Any, result: Any, attempt: int) -> None:
+        m = self.m
+        req = install_request(GROUP, m.member_id, m.member_epoch, prep.group_epoch, result)
+        self.sim.trace("install", self.name, epoch=prep.group_epoch,
+                       detail=f"delay={result.scheduled_rebalance_delay_ms}")
+        self.send("ctl", req, lambda resp: self._on_install(resp, prep, result, attempt),
+                  self._compute_failed)
+
+    def _on_install(self, resp: Any, prep: Any, result: Any, attempt: int) -> None:
+        sim = self.sim
+        stale = resp.error_code in (E.FENCED_MEMBER_EPOCH, E.STALE_MEMBER_EPOCH)
+        if stale and attempt < 2:
+            self.at(sim.now + self.m.heartbeat_interval_ms, self._install, prep, result, attempt + 1)
+            return
+        self.computing = False
+        sim.trace("install_response", self.name, detail=str(resp.error_code))
+        if resp.error_code in RETRY_COORDINATOR:
+            self.invalidate()
+        if resp.error_code == 0:
+            self.m.next_heartbeat_ms = sim.now
+            self.wake()
+
+    # -- the client: two connections, reconnect with backoff -------------------------------------------
+    def backoff(self) -> int:
+        ceiling = min(5_000, 100 * (2 ** min(self.failures, 16)))
+        return int(self.sim.rng_client.uniform(50, max(100, ceiling)))
+
+    def send(self, kind: str, request: Any, on_ok: Callable[[Any], None], on_fail: Callable[[str], None],
+             timeout: int | None = None) -> Pending:
+        sim = self.sim
+        pend = Pending(request, on_ok, on_fail,
+                       sim.now + (timeout if timeout is not None else sim.scenario.request_timeout_ms))
+        conn = self.conns[kind]
+        if conn is None or conn.state not in ("open", "connecting"):
+            conn = sim.connect(self, kind)
+            self.conns[kind] = conn
+        if conn.state == "connecting":
+            conn.queued.append(pend)
+        else:
+            sim.net_request(conn, pend)
+        return pend
+
+    def invalidate(self) -> None:
+        """CoordinatorClient.invalidate(): forget the coordinator, close both connections."""
+        self.coordinator_known = False
+        for conn in list(self.conns.values()):
+            if conn is not None and conn.state != "closed":
+                self.sim.reset_conn(conn, "connection closed", notify=True, delay=0)
+
+    def fail_conn(self, conn: Conn, why: str) -> None:
+        """Every request still waiting on ``conn`` fails (ConnectionFailed)."""
+        conn.state = "closed"
+        if self.conns.get(conn.kind) is conn:
+            self.conns[conn.kind] = None
+        waiting = list(conn.queued) + list(conn.inflight)
+        conn.queued.clear()
+        conn.inflight.clear()
+        for pend in waiting:
+            if pend.done:
+                continue
+            pend.done = True
+            self.failures += 1
+            self.coordinator_known = False
+            if not pend.ignore:
+                pend.on_fail(why)
+
+    def deliver(self, conn: Conn, pend: Pending, resp: Any) -> None:
+        if pend.done or conn.state != "open":
+            return
+        pend.done = True
+        if conn.inflight and conn.inflight[0] is pend:
+            conn.inflight.popleft()
+        else:
+            try:
+                conn.inflight.remove(pend)
+            except ValueError:
+                pass
+        self.failures = 0
+        if not pend.ignore:
+            pend.on_ok(resp)
+
+    def timeout(self, conn: Conn, pend: Pending) -> None:
+        if pend.done or conn.state == "closed":
+            return
+        self.fail_conn(conn, f"{type(pend.request).__name__} timed out")
+
+
+# == the simulation ==========================================================================================
+
+
+@dataclass
+class RunResult:
+    metrics: dict[str, object]
+    events: list[dict[str, object]] = field(default_factory=list)
+    extra: dict[str, object] = field(default_factory=dict)
+    """Numbers outside the metrics contract: zombie_ms (double running excused because the old
+    holder was frozen, see docs/simulation.md), heartbeats, computations, coordinator batches."""
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, assignor: str, workers: int, tasks: int, seed: int,
+                 trace: bool = False) -> None:
+        if assignor not in ("eager", "incremental"):
+            raise ValueError(f"unknown assignor {assignor!r} (eager, incremental)")
+        if workers < 1 or tasks < 0:
+            raise ValueError("workers must be >= 1 and tasks >= 0")
+        self.scenario = scenario
+        self.assignor = assignor
+        self.n_workers = workers
+        self.n_tasks = tasks
+        self.seed = seed
+        self.tracing = trace
+        self.events: list[dict[str, object]] = []
+        self.now = 0
+        self._heap: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = 0
+        self.rng_net = random.Random(f"{seed}/net")
+        self.rng_work = random.Random(f"{seed}/work")
+        self.rng_fault = random.Random(f"{seed}/faults")
+        self.rng_coord = random.Random(f"{seed}/coordinator")
+        self.rng_client = random.Random(f"{seed}/client")
+        self._ids = 0
+        self._cids = 0
+        self.violation = ""
+        self.stopped = False
+        # items
+        self.configured: set[Item] = set()
+        self.stats: dict[Item, ItemStat] = {}
+        self.holders: dict[Item, list[Run]] = {}
+        self.last_slot: dict[Item, int] = {}
+        self.initial_slot: dict[Item, int] = {}
+        self.overlaps: list[Overlap] = []
+        # phases
+        self.phase = "formation"
+        self.phase_start = 0
+        self.faults_end = INF
+        self.deadline = FORMATION_BOUND_MS
+        self.converged_at: int | None = None
+        self.initial_epoch = 0
+        # metrics
+        self.messages = 0
+        self.moved = 0
+        self.downtime = 0
+        self.longest = 0
+        self.heartbeats = 0
+        self.computations = 0
+        self._blocker: SimWorker | None = None
+        self._check_every = 1 if workers + tasks <= 2_000 else (workers + tasks) // 50
+        self._writes = 0
+        # actors
+        self.coord = CoordinatorNode(self)
+        self.workers: list[SimWorker] = [SimWorker(self, i) for i in range(workers)]
+        self.admin: SimWorker | None = None
+        self.zombie_grace = WATCHDOG_MS + 2 * scenario.latency_ms[1] + 1
+        """A frozen worker must begin stopping what it may no longer run this soon after it
+        wakes: one watchdog period plus a round trip (the stale answer it finds first)."""
+
+    # -- event queue ----------------------------------------------------------------------------------
+    def at(self, t: int, fn: Callable[..., None], *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn, args))
+
+    def sample(self, rng: random.Random, r: tuple[int, int]) -> int:
+        return r[0] + int((r[1] - r[0]) * rng.random() ** 2)
+
+    def generated_id(self) -> str:
+        self._ids += 1
+        return f"gen-{self._ids:05d}"
+
+    def faulty(self) -> bool:
+        return self.phase == "faults"
+
+    def trace(self, kind: str, worker: str = "", item: str = "", epoch: int = -1, detail: str = "") -> None:
+        if self.tracing:
+            self.events.append({"t_ms": self.now, "kind": kind, "worker": worker, "item": item,
+                                "epoch": epoch, "detail": detail})
+
+    def violate(self, message: str) -> None:
+        if not self.violation:
+            self.violation = message
+            self.trace("violation", detail=message)
+        self.stopped = True
+
+    # -- network ------------------------------------------------------------------------------------------
+    def latency(self) -> int:
+        return self.sample(self.rng_net, self.scenario.latency_ms)
+
+    def all_conns(self) -> list[Conn]:
+        out = []
+        for w in [*self.workers, *([self.admin] if self.admin is not None else [])]:
+            for kind in ("hb", "ctl"):
+                conn = w.conns.get(kind)
+                if conn is not None and conn.state != "closed":
+                    out.append(conn)
+        return out
+
+    def connect(self, w: SimWorker, kind: str) -> Conn:
+        self._cids += 1
+        conn = Conn(self._cids, w, kind, self.coord.inc)
+        rtt = self.latency() + self.latency()
+        if not w.coordinator_known:
+            rtt += self.latency() + self.latency()  # FindCoordinator first
+        t = self.now + rtt
+        if w.part_start <= self.now < w.part_end:
+            heal = w.part_end + rtt
+            t = heal if heal <= self.now + self.scenario.request_timeout_ms else -1
+        if t < 0:
+            w.at(self.now + self.scenario.request_timeout_ms, self._connect_done, conn, False)
+        else:
+            w.at(t, self._connect_done, conn, True)
+        return conn
+
+    def _connect_done(self, conn: Conn, ok: bool) -> None:
+        w = conn.worker
+        if conn.state != "connecting":
+            return
+        if not ok or not self.coord.up:
+            w.fail_conn(conn, "cannot connect to the coordinator")
+            return
+        conn.state = "open"
+        conn.coord_inc = self.coord.inc
+        w.coordinator_known = True
+        queued, conn.queued = conn.queued, []
+        for pend in queued:
+            if not pend.done:
+                self.net_request(conn, pend)
+
+    def _arrival(self, conn: Conn, up: bool) -> int:
+        w = conn.worker
+        t = self.now + self.latency()
+        if w.part_start <= self.now < w.part_end:
+            t = max(t, w.part_end + self.latency())
+        if up:
+            t = max(t, conn.up_last)
+            conn.up_last = t
+        else:
+            t = max(t, conn.down_last)
+            conn.down_last = t
+        return t
+
+    def _lost(self) -> bool:
+        loss = self.scenario.loss
+        return self.phase == "faults" and loss > 0 and self.rng_net.random() < loss
+
+    def net_request(self, conn: Conn, pend: Pending) -> None:
+        self.messages += 1
+        if isinstance(pend.request, ConnectGroupHeartbeatRequest):
+            self.heartbeats += 1
+        conn.inflight.append(pend)
+        conn.worker.at(pend.deadline, conn.worker.timeout, conn, pend)
+        if self._lost():
+            self.trace("message_lost", conn.worker.name, detail=type(pend.request).__name__)
+            self.reset_conn(conn, "connection reset")
+            return
+        self.at(self._arrival(conn, True), self._to_coordinator, conn, pend)
+
+    def _to_coordinator(self, conn: Conn, pend: Pending) -> None:
+        w = conn.worker
+        if conn.state != "open":
+            return
+        if w.part_start <= self.now < w.part_end:  # a partition began meanwhile: retransmitted later
+            t = max(w.part_end + self.latency(), conn.up_last)
+            conn.up_last = t
+            self.at(t, self._to_coordinator, conn, pend)
+            return
+        self.coord.receive(conn, pend)
+
+    def net_response(self, conn: Conn, pend: Pending, resp: Any) -> None:
+        if conn.state != "open" or conn.coord_inc != self.coord.inc:
+            return
+        self.messages += 1
+        if self._lost():
+            self.trace("message_lost", conn.worker.name, detail=type(resp).__name__)
+            self.reset_conn(conn, "connection reset")
+            return
+        conn.worker.at(self._arrival(conn, False), self._to_worker, conn, pend, resp, io=True)
+
+    def _to_worker(self, conn: Conn, pend: Pending, resp: Any) -> None:
+        w = conn.worker
+        if conn.state != "open":
+            return
+        if w.part_start <= self.now < w.part_end:
+            t = max(w.part_end + self.latency(), conn.down_last)
+            conn.down_last = t
+            w.at(t, self._to_worker, conn, pend, resp, io=True)
+            return
+        w.deliver(conn, pend, resp)
+
+    def reset_conn(self, conn: Conn, why: str, notify: bool = True, delay: int | None = None) -> None:
+        """The connection breaks: both ends learn it (the worker after ``delay``, default one
+        latency: an RST); whatever is in flight on it is lost."""
+        if conn.state == "closed":
+            return
+        w = conn.worker
+        if notify and w.alive and conn.inc == w.inc:
+            conn.state = "closing"
+            if delay == 0:
+                self._reset_seen(conn, why)
+            else:
+                w.at(self.now + (self.latency() if delay is None else delay), self._reset_seen, conn, why)
+        else:
+            conn.state = "closed"
+
+    def _reset_seen(self, conn: Conn, why: str) -> None:
+        if conn.state != "closed":
+            conn.worker.fail_conn(conn, why)
+
+    # -- items ----------------------------------------------------------------------------------------------
+    def run_started(self, run: Run) -> None:
+        item = run.item
+        now = self.now
+        runs = self.holders.get(item)
+        if runs is None:
+            self.holders[item] = [run]
+        else:
+            runs[:] = [r for r in runs if r.end is None or r.end > now]
+            for other in runs:
+                if other.worker is run.worker:
+                    continue
+                self._overlap(item, other, run)
+            runs.append(run)
+        slot = run.worker.slot
+        last = self.last_slot.get(item)
+        if last is not None and last != slot and self.phase != "formation":
+            self.moved += 1
+        self.last_slot[item] = slot
+        stat = self.stats.get(item)
+        if stat is not None:
+            stat.ups.append(run)
+
+    def _overlap(self, item: Item, old: Run, new: Run) -> None:
+        excused = self._frozen_zombie(old)
+        ow = old.worker
+        ov = Overlap(item, old, new, self.now, excused)
+        self.overlaps.append(ov)
+        self.trace("double_run", new.worker.name, str(item),
+                   detail=f"also on {ow.name} ({'frozen zombie' if excused else 'running'})")
+        if not excused:
+            self.violate(f"{item} runs on {ow.name} and {new.worker.name} at once (t={self.now})")
+
+    def _frozen_zombie(self, old: Run) -> bool:
+        """Is ``old`` the run of a worker that was frozen (stop-the-world) when the coordinator
+        took the item away? Excused while it is frozen and, once it wakes, if it began stopping
+        the item within the grace period: nothing can do better (docs/simulation.md)."""
+        ow = old.worker
+        if not ow.alive or ow.pause_began < 0 or old.start > ow.pause_began:
+            return False
+        if ow.paused:
+            return True
+        return (ow.pause_lease_expired and old.stop_begin is not None
+                and old.stop_begin <= ow.resumed_at + self.zombie_grace)
+
+    def run_stopped(self, run: Run, stop_begin: int, end: int) -> None:
+        run.stop_begin = stop_begin
+        run.end = end
+        stat = self.stats.get(run.item)
+        if stat is None:
+            return
+        self._settle(stat, stop_begin)
+        try:
+            stat.ups.remove(run)
+        except ValueError:
+            pass
+        if stat.down_since is None and not any(r.up_at <= stop_begin for r in stat.ups):
+            stat.down_since = stop_begin
+
+    def _settle(self, stat: ItemStat, t: int) -> None:
+        if stat.down_since is None or not stat.ups:
+            return
+        first = min(r.up_at for r in stat.ups)
+        if first <= t:
+            self._outage(stat.down_since, first)
+            stat.down_since = None
+
+    def _outage(self, since: int, until: int) -> None:
+        if self.phase == "formation":
+            return
+        since = max(since, self.phase_start)
+        if until > since:
+            self.downtime += until - since
+            if until - since > self.longest:
+                self.longest = until - since
+
+    def on_records(self, records: list[Any]) -> None:
+        if not any(type(r.key) is GroupConnectorsKey for r in records):
+            return
+        g = self.coord.core.group(GROUP)
+        if g is None or g.configured == self.configured:
+            return
+        now = self.now
+        for item in sorted(g.configured - self.configured):
+            stat = ItemStat(now)
+            self.stats[item] = stat
+        for item in sorted(self.configured - g.configured):
+            stat = self.stats.pop(item)
+            self._settle(stat, now)
+            if stat.down_since is not None:
+                self._outage(stat.down_since, now)
+        self.configured = set(g.configured)
+
+    # -- invariants -----------------------------------------------------------------------------------------
+    def check_coordinator(self, node: CoordinatorNode, wrote: bool) -> None:
+        if wrote:
+            self._writes += 1
+            if self._writes % self._check_every == 0:
+                self._check_core(node)
+        self.maybe_converged()
+
+    def _check_core(self, node: CoordinatorNode) -> None:
+        try:
+            check_invariants(node.core.state, node.epochs)
+        except InvariantViolation as exc:
+            self.violate(f"coordinator invariants: {exc}")
+            return
+        node.epochs = epochs(node.core.state)
+
+    def after_resume(self, w: SimWorker) -> None:
+        """A frozen worker woke up: it must stop what it may no longer run within one watchdog
+        period (plus a round trip: the stale answer it finds in its socket first)."""
+        self.at(self.now + self.zombie_grace, self._zombie_check, w, w.inc)
+
+    def _zombie_check(self, w: SimWorker, inc: int) -> None:
+        for ov in self.overlaps:
+            if ov.excused and ov.old.worker is w and ov.old.stop_begin is None and inc == w.inc and w.alive:
+                if w.paused:
+                    continue
+                self.violate(f"{w.name} woke from a pause and still runs {ov.item}, which "
+                             f"{ov.new.worker.name} runs since t={ov.at}: it did not fence itself")
+                return
+
+    def worker_settled(self, w: SimWorker) -> None:
+        if self.now >= self.faults_end or self.phase == "formation":
+            self.maybe_converged()
+
+    def maybe_converged(self) -> None:
+        if self.converged_at is not None or self.stopped:
+            return
+        if self.phase == "faults" and self.now < self.faults_end:
+            return
+        core = self.coord.core
+        if core is None or not self.coord.up or self.coord.loading:
+            return
+        g = core.group(GROUP)
+        if g is None or g.state is not GroupState.STABLE:
+            return
+        blocker = self._blocker
+        if blocker is not None and blocker.alive and not self._worker_ready(blocker, g):
+            return
+        live = [w for w in self.workers if w.alive and not w.leaving]
+        if len(live) != len(g.members):
+            return
+        for w in live:
+            if not self._worker_ready(w, g):
+                self._blocker = w
+                return
+        now = self.now
+        total = 0
+        for w in live:
+            cur = g.current[w.m.member_id]
+            if len(w.runs) != len(cur.assigned):
+                return
+            latest = max((run.up_at for run in w.runs.values()), default=0)
+            if latest > now:  # still starting: look again when it is up
+                self.at(latest, self.maybe_converged)
+                return
+            total += len(w.runs)
+            if w.m.owned != cur.assigned or frozenset(w.runs) != cur.assigned:
+                return
+        if total != len(g.configured) or total != len(self.configured):
+            return
+        for item, runs in self.holders.items():
+            active = [r for r in runs if r.end is None or r.end > now]
+            if len(active) > 1 or (active and item not in self.configured):
+                return
+        self.converged_at = now
+        self.trace("converged", epoch=g.epoch, detail=f"{len(live)} workers, {total} items")
+
+    def _worker_ready(self, w: SimWorker, g: Any) -> bool:
+        m = w.m
+        return (w.alive and not w.leaving and not w.blocked and (w.acting is None or w.acting_done)
+                and not w.pending and not w.paused and m.state is State.STABLE
+                and m.member_epoch == g.epoch and m.member_id in g.members)
+
+    # -- faults -------------------------------------------------------------------------------------------
+    def worker(self, slot: int) -> SimWorker:
+        while slot >= len(self.workers):
+            self.workers.append(SimWorker(self, len(self.workers)))
+        return self.workers[slot]
+
+    def restart_worker(self, w: SimWorker) -> None:
+        if not w.alive and not self.stopped:
+            w.start()
+
+    def inject(self, fault: Fault) -> None:
+        kind = fault.kind
+        self.trace("fault", self.workers[fault.slot].name if 0 <= fault.slot < len(self.workers) else "",
+                   detail=f"{kind} {fault.duration_ms} ms {fault.detail}".strip())
+        if kind == "coordinator_restart":
+            if self.coord.up:
+                self.coord.crash()
+                self.at(self.now + fault.duration_ms, self._coordinator_back)
+            return
+        if kind == "connectors":
+            self._change_connectors(fault.detail)
+            return
+        w = self.worker(fault.slot)
+        if kind == "join":
+            if not w.alive:
+                w.start()
+            return
+        if not w.alive:
+            return
+        if kind == "crash":
+            w.crash()
+            if fault.duration_ms >= 0:
+                self.at(self.now + fault.duration_ms, self.restart_worker, w)
+        elif kind == "bounce":
+            w.graceful_stop(restart_after=fault.duration_ms)
+        elif kind == "slow_bounce":
+            w.slow_until = self.now + 10 * self.scenario.rebalance_timeout_ms
+            w.graceful_stop(restart_after=fault.duration_ms)
+        elif kind == "leave":
+            w.graceful_stop(restart_after=None)
+        elif kind == "pause":
+            w.pause(fault.duration_ms)
+        elif kind == "partition":
+            w.part_start = self.now
+            w.part_end = self.now + fault.duration_ms
+        elif kind == "drop":
+            for conn in list(w.conns.values()):
+                if conn is not None:
+                    self.reset_conn(conn, "connection dropped")
+        elif kind == "slow_revocation":
+            w.slow_until = self.now + fault.duration_ms
+
+    def _coordinator_back(self) -> None:
+        self.trace("coordinator_restart")
+        self.coord.restart()
+
+    # -- the admin (connectors) ----------------------------------------------------------------------
+    def _connectors_request(self, upserts: dict[str, int], deletes: tuple[str, ...] = ()) -> Any:
+        return ConnectGroupAlterConnectorsRequest(
+            group_id=GROUP, validate_only=False, deletes=deletes,
+            upserts=tuple(_alter.ConnectorSpec(name=n, task_count=c, config=())
+                          for n, c in sorted(upserts.items())))
+
+    def _admin_send(self, req: Any, attempt: int = 0) -> None:
+        if self.stopped:
+            return
+        admin = self.admin
+        if admin is None:
+            admin = self.admin = SimWorker(self, 9_999)
+            admin.name = "admin"
+            admin.alive = True
+            admin.inc = 1
+
+        def ok(resp: Any) -> None:
+            if resp.error_code in (E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS,
+                                   E.NOT_COORDINATOR):
+                retry("retriable error")
+            elif resp.error_code:
+                self.trace("connectors_refused", "admin", detail=str(resp.error_code))
+
+        def retry(why: str) -> None:
+            self.at(self.now + 500, self._admin_send, req, attempt + 1)
+
+        admin.send("ctl", req, ok, retry)
+
+    def _change_connectors(self, what: str) -> None:
+        g = self.coord.core.group(GROUP) if self.coord.core is not None else None
+        names = sorted(g.connectors) if g is not None else []
+        rng = self.rng_fault
+        if what == "add" or not names:
+            name = f"x{rng.randrange(10**6):06d}"
+            count = rng.randint(1, self.scenario.tasks_per_connector)
+            self._admin_send(self._connectors_request({name: count}))
+        elif what == "delete":
+            self._admin_send(self._connectors_request({}, (rng.choice(names),)))
+        else:
+            name = rng.choice(names)
+            assert g is not None
+            count = max(0, g.connectors[name].task_count + rng.choice((-3, -1, 1, 4)))
+            self._admin_send(self._connectors_request({name: count}))
+
+    # -- the run ----------------------------------------------------------------------------------------
+    def _initial_connectors(self) -> dict[str, int]:
+        per = max(1, self.scenario.tasks_per_connector)
+        n = max(1, -(-self.n_tasks // per))
+        out = {}
+        left = self.n_tasks
+        for i in range(n):
+            out[f"c{i:05d}"] = min(per, left)
+            left -= out[f"c{i:05d}"]
+        return out
+
+    def _loop(self, until: int) -> None:
+        heap = self._heap
+        pop = heapq.heappop
+        while heap and not self.stopped:
+            if heap[0][0] > until:
+                break
+            t, _, fn, args = pop(heap)
+            self.now = t
+            fn(*args)
+            if self.converged_at is not None and self.phase != "faults":
+                break
+        if not self.stopped and self.converged_at is None:
+            self.now = max(self.now, until)
+
+    def run(self) -> RunResult:
+        started = time.perf_counter()
+        sc = self.scenario
+        self._admin_send(self._connectors_request(self._initial_connectors()))
+        for w in self.workers:
+            self.at(self.rng_fault.randrange(0, 100), w.start)
+        # 1. formation: the group forms and converges.
+        self._loop(FORMATION_BOUND_MS)
+        if not self.stopped and self.converged_at is None:
+            self.violate(f"the initial group did not converge within {FORMATION_BOUND_MS} ms")
+        if not self.stopped:
+            self._start_faults()
+            self._loop(INF)
+            if not self.stopped and self.converged_at is None:
+                self.violate(f"did not converge within {sc.convergence_bound_ms} ms after the faults ended")
+        return self._result(time.perf_counter() - started)
+
+    def _start_faults(self) -> None:
+        sc = self.scenario
+        g = self.coord.core.group(GROUP)
+        self.phase = "faults"
+        self.phase_start = self.now
+        self.initial_epoch = g.epoch if g is not None else 0
+        self.converged_at = None
+        self.messages = 0
+        self.heartbeats = 0
+        self.computations = 0
+        self.initial_slot = dict(self.last_slot)
+        for stat in self.stats.values():
+            if stat.down_since is not None:
+                stat.down_since = self.now
+        faults, end = sc.schedule(self.rng_fault, self.n_workers)
+        for f in faults:
+            self.at(self.now + f.at_ms, self.inject, f)
+        self.faults_end = self.now + end
+        self.at(self.faults_end, self._faults_over)
+        self.at(self.faults_end + sc.convergence_bound_ms, self._give_up)
+        self.trace("faults_begin", detail=f"{len(faults)} faults, last ends at +{end} ms")
+
+    def _faults_over(self) -> None:
+        self.phase = "converging"
+        self.trace("faults_end")
+        self._check_core(self.coord) if self.coord.up and not self.coord.loading else None
+        self.maybe_converged()
+
+    def _give_up(self) -> None:
+        if self.converged_at is None:
+            self.violate(f"did not converge within {self.scenario.convergence_bound_ms} ms after the "
+                         "faults ended")
+        self.stopped = True
+
+    # -- results ----------------------------------------------------------------------------------------
+    def _moved_min(self) -> int:
+        """The fewest moves from the placement when the faults began to any placement over the
+        workers alive at the end that balances connectors and tasks (each floor or ceil)."""
+        final = sorted(w.slot for w in self.workers if w.alive and not w.leaving)
+        if not final:
+            return 0
+        total = 0
+        alive = set(final)
+        for want_connectors in (True, False):
+            counts = dict.fromkeys(final, 0)
+            n = 0
+            for item in self.configured:
+                if (item.task == CONNECTOR) != want_connectors:
+                    continue
+                n += 1
+                slot = self.initial_slot.get(item)
+                if slot is None:
+                    continue
+                if slot in alive:
+                    counts[slot] += 1
+                else:
+                    total += 1  # its worker is gone: it must move
+            q, r = divmod(n, len(final))
+            ordered = sorted(counts.values(), reverse=True)
+            for k, c in enumerate(ordered):
+                cap = q + 1 if k < r else q
+                total += max(0, c - cap)
+        return total
+
+    def _result(self, wall_s: float) -> RunResult:
+        now = self.now
+        end_time = now
+        for stat in self.stats.values():
+            self._settle(stat, end_time)
+            if stat.down_since is not None:
+                self._outage(stat.down_since, end_time)
+                stat.down_since = end_time
+        double = 0
+        zombie = 0
+        for ov in self.overlaps:
+            if ov.excused:
+                zombie += ov.length(now)
+            else:
+                double += max(1, ov.length(now))
+        g = self.coord.core.group(GROUP) if self.coord.core is not None else None
+        converged = self.converged_at is not None and not self.violation
+        metrics: dict[str, object] = {
+            "scenario": self.scenario.name,
+            "assignor": self.assignor,
+            "workers": self.n_workers,
+            "tasks": self.n_tasks,
+            "seed": self.seed,
+            "converged": converged,
+            "convergence_ms": (max(0, self.converged_at - self.faults_end)
+                               if converged and self.converged_at is not None else -1),
+            "rebalances": (g.epoch - self.initial_epoch
+                           if g is not None and self.phase != "formation" else 0),
+            "moved": self.moved,
+            "moved_min": self._moved_min() if self.phase != "formation" else 0,
+            "downtime_ms": self.downtime,
+            "longest_outage_ms": self.longest,
+            "double_running_ms": double,
+            "messages": self.messages,
+            "violation": self.violation,
+            "sim_ms": now,
+            "wall_ms": round(wall_s * 1000, 3),
+        }
+        extra: dict[str, object] = {
+            "zombie_ms": zombie, "heartbeats": self.heartbeats, "computations": self.computations,
+            "coordinator_batches": self.coord.batches, "phase_start_ms": self.phase_start,
+            "faults_end_ms": self.faults_end if self.faults_end < INF else -1,
+        }
+        return RunResult(metrics, self.events, extra)
+
+
+def _items_detail(items: frozenset[Item]) -> str:
+    names = sorted(items)
+    shown = ", ".join(str(i) for i in names[:6])
+    return f"{len(names)} [{shown}{', ...' if len(names) > 6 else ''}]"
+
+
+def _response_detail(resp: Any, actions: list[Any]) -> str:
+    if resp.error_code:
+        return f"error {resp.error_code}"
+    parts = [type(a).__name__ for a in actions]
+    if resp.assignment is not None:
+        parts.append(f"assignment {len(resp.assignment.connectors) + len(resp.assignment.tasks)}")
+    return " ".join(parts)

@@ -1,0 +1,289 @@
+"""Scenarios as data: what happens to a group during one simulated run.
+
+A :class:`Scenario` holds the group's settings, the environment (latencies, start and stop
+durations, log and network failure rates) and the fault schedule's parameters. The schedule
+itself is drawn from the run's seed by :meth:`Scenario.schedule`: times are offsets from the
+moment the initial group has formed and converged ("the fault phase"); every fault has ended by
+the returned ``faults_end`` offset, after which the group must converge within
+``convergence_bound_ms``.
+
+Counts of faulted workers are capped at ``max_faulted`` (and never take the whole group down),
+so that a scenario stays a few dozen rebalances at 500 workers: a rolling bounce of all 500
+workers would be 1,000 rebalances, hours of real time, and tells nothing the first ten do not.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+Range = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: at ``at_ms`` (offset from the start of the fault phase) do ``kind`` to ``slot``
+    (a worker slot index, or -1 for the coordinator / the admin) for ``duration_ms``."""
+
+    at_ms: int
+    kind: str
+    slot: int = -1
+    duration_ms: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    # -- the group ----------------------------------------------------------------------------------
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 3_000
+    rebalance_timeout_ms: int = 15_000
+    max_delay_ms: int = 15_000
+    """The incremental assignor's scheduled.rebalance.max.delay.ms (Connect: 300 s; shorter
+    here so that a run is minutes of virtual time, not hours)."""
+    long_poll: bool = True
+    identity: str = "member_id"
+    """How a worker identifies itself across restarts: ``member_id`` (a member id of its own,
+    the same after a restart), ``static`` (an instance id; the coordinator generates member ids;
+    a graceful stop leaves with -2) or ``generated`` (a new coordinator-generated id per process)."""
+    tasks_per_connector: int = 10
+    # -- environment ----------------------------------------------------------------------------------
+    latency_ms: Range = (1, 6)
+    start_ms: Range = (5, 300)
+    stop_ms: Range = (5, 300)
+    compute_ms: Range = (2, 10)
+    """Time the chosen worker takes to run the assignor, plus 1 ms per 1,000 items."""
+    fsync_ms: Range = (1, 5)
+    load_ms: Range = (50, 500)
+    request_timeout_ms: int = 30_000
+    # -- faults -----------------------------------------------------------------------------------------
+    window_ms: int = 30_000
+    """Faults start within [0, window_ms) of the fault phase (a rolling bounce runs until done)."""
+    crashes: int = 0
+    crash_restart_ms: Range | None = None
+    """Downtime before a crashed worker's process restarts; None: it never comes back."""
+    bounces: int = 0
+    bounce_down_ms: Range = (1_000, 5_000)
+    rolling: bool = False
+    """Bounce the workers one after another (each when the previous one is back)."""
+    rolling_gap_ms: Range = (2_000, 6_000)
+    joins: int = 0
+    leaves: int = 0
+    """Graceful leaves (stop all work, leave with -1); the worker does not come back."""
+    scale_fraction: float = 0.0
+    """Scale up by this fraction of the group (at least one worker), then down by as many."""
+    pauses: int = 0
+    pause_ms: Range = (12_000, 20_000)
+    partitions: int = 0
+    partition_ms: Range = (2_000, 20_000)
+    conn_drops: int = 0
+    coordinator_restarts: int = 0
+    coordinator_down_ms: Range = (200, 3_000)
+    slow_revocations: int = 0
+    """A worker whose next revocations take 1-2x the rebalance timeout (its stop deadline of half
+    the rebalance timeout cuts them short, as the real worker does)."""
+    slow_bounces: int = 0
+    """A worker bounced (stopped gracefully) while its stops take 1-2x the rebalance timeout."""
+    connector_changes: int = 0
+    loss: float = 0.0
+    """Probability that a message is lost during the fault phase (its connection resets)."""
+    append_fail: float = 0.0
+    fsync_fail: float = 0.0
+    max_faulted: int = 10
+    convergence_bound_ms: int = 60_000
+    """After the last fault ends, the group must converge within this long."""
+    tags: tuple[str, ...] = field(default=())
+
+    def with_(self, **changes: object) -> Scenario:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    # -- the schedule ----------------------------------------------------------------------------------
+    def schedule(self, rng: random.Random, workers: int) -> tuple[list[Fault], int]:
+        """The faults of one run and the offset by which they have all ended."""
+        faults: list[Fault] = []
+        cap = max(0, min(self.max_faulted, workers - 1))
+        slots = list(range(workers))
+        rng.shuffle(slots)
+        pool = iter(slots)
+
+        def pick() -> int:
+            try:
+                return next(pool)
+            except StopIteration:
+                return rng.randrange(workers)
+
+        def t() -> int:
+            return rng.randrange(max(1, self.window_ms))
+
+        def d(r: Range) -> int:
+            return rng.randint(r[0], r[1])
+
+        used = 0
+
+        def take(n: int) -> int:
+            nonlocal used
+            n = max(0, min(n, cap - used))
+            used += n
+            return n
+
+        for _ in range(take(self.crashes)):
+            restart = d(self.crash_restart_ms) if self.crash_restart_ms is not None else -1
+            faults.append(Fault(t(), "crash", pick(), restart))
+        if self.rolling:
+            at = rng.randrange(1_000, 3_000)
+            for _ in range(take(self.bounces if self.bounces else workers)):
+                down = d(self.bounce_down_ms)
+                faults.append(Fault(at, "bounce", pick(), down))
+                at += down + d(self.rolling_gap_ms)
+        else:
+            for _ in range(take(self.bounces)):
+                faults.append(Fault(t(), "bounce", pick(), d(self.bounce_down_ms)))
+        for _ in range(take(self.slow_bounces)):
+            faults.append(Fault(t(), "slow_bounce", pick(), d(self.bounce_down_ms)))
+        for _ in range(take(self.leaves)):
+            faults.append(Fault(t(), "leave", pick()))
+        for _ in range(self.pauses):
+            faults.append(Fault(t(), "pause", pick(), d(self.pause_ms)))
+        for _ in range(self.partitions):
+            faults.append(Fault(t(), "partition", pick(), d(self.partition_ms)))
+        for _ in range(self.conn_drops):
+            faults.append(Fault(t(), "drop", rng.randrange(workers)))
+        for _ in range(self.slow_revocations):
+            faults.append(Fault(t(), "slow_revocation", rng.randrange(workers), self.window_ms))
+        for _ in range(self.coordinator_restarts):
+            faults.append(Fault(t(), "coordinator_restart", -1, d(self.coordinator_down_ms)))
+        for k in range(self.connector_changes):
+            faults.append(Fault(t(), "connectors", -1, 0, ("add", "delete", "resize")[k % 3]))
+        new_slot = workers
+        for _ in range(self.joins):
+            faults.append(Fault(t(), "join", new_slot))
+            new_slot += 1
+        if self.scale_fraction > 0:
+            n = max(1, min(self.max_faulted, int(workers * self.scale_fraction)))
+            up = rng.randrange(0, max(1, self.window_ms // 4))
+            for _ in range(n):
+                faults.append(Fault(up + rng.randrange(0, 1_000), "join", new_slot))
+                new_slot += 1
+            down = self.window_ms // 2 + rng.randrange(0, max(1, self.window_ms // 4))
+            everyone = list(range(new_slot))
+            rng.shuffle(everyone)
+            for slot in everyone[:n]:
+                faults.append(Fault(down + rng.randrange(0, 1_000), "leave", slot))
+        faults.sort(key=lambda f: (f.at_ms, f.kind, f.slot))
+        end = 0
+        for f in faults:
+            end = max(end, f.at_ms + max(0, f.duration_ms if f.kind != "slow_revocation" else 0))
+        if self.loss or self.append_fail or self.fsync_fail:
+            end = max(end, self.window_ms)
+        return faults, end
+
+
+_BASE = Scenario(name="base", description="")
+_HOLD = _BASE.session_timeout_ms + _BASE.max_delay_ms + _BASE.rebalance_timeout_ms
+
+
+def _s(name: str, description: str, **kw: object) -> Scenario:
+    return _BASE.with_(name=name, description=description, **kw)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        # -- seed 003's use cases ------------------------------------------------------------------
+        _s("process-death-quick-restart",
+           "Seed 003 'Kubernetes process death': a worker process dies (no leave) and its "
+           "orchestrator restarts it within a few seconds with the same member id.",
+           crashes=1, crash_restart_ms=(500, 5_000), convergence_bound_ms=_HOLD + 30_000),
+        _s("rolling-bounce",
+           "Seed 003 'Rolling bounce': every worker (up to max_faulted) is stopped gracefully "
+           "(stop work, leave with -1) and restarted with the same member id, one after another.",
+           rolling=True, bounce_down_ms=(1_000, 4_000), max_faulted=5, convergence_bound_ms=_HOLD + 30_000),
+        _s("rolling-bounce-static",
+           "Rolling bounce with static membership: each worker leaves with -2 and its instance id "
+           "takes its work back under a new member id.",
+           rolling=True, identity="static", bounce_down_ms=(1_000, 4_000), max_faulted=5,
+           convergence_bound_ms=_HOLD + 30_000),
+        _s("scale-up-down",
+           "Seed 003 'Scale up/down': a third of the group (at least one worker) joins, later as "
+           "many workers leave gracefully for good.",
+           scale_fraction=1 / 3, window_ms=60_000, convergence_bound_ms=_HOLD + 30_000),
+        # -- seed 000's case studies ------------------------------------------------------------------
+        _s("worker-joins",
+           "Seed 000 'W2 joins the Group': one new worker joins a stable group.",
+           joins=1, window_ms=5_000, convergence_bound_ms=30_000),
+        _s("worker-leaves",
+           "Seed 000 'Worker Leaving the Group': a worker stops heartbeating for good; it is "
+           "removed at its session timeout and its work is reassigned (after the delay).",
+           crashes=1, crash_restart_ms=None, window_ms=5_000, convergence_bound_ms=_HOLD + 30_000),
+        _s("worker-bounces",
+           "Seed 000 'Worker Bounces': a worker becomes unresponsive, is removed at its session "
+           "timeout and comes back with the same member id before the delay expires.",
+           crashes=1, crash_restart_ms=(12_000, 20_000), window_ms=5_000,
+           convergence_bound_ms=_HOLD + 30_000),
+        # -- single faults -------------------------------------------------------------------------
+        _s("gc-pause",
+           "A worker stops the world longer than the session timeout (a GC pause): it is removed "
+           "while its tasks are frozen, and must fence itself when it wakes up.",
+           pauses=1, pause_ms=(12_000, 20_000), window_ms=10_000,
+           convergence_bound_ms=_HOLD + 30_000),
+        _s("network-partition",
+           "A worker is cut off from the coordinator for 2-8 s (shorter than the session timeout): "
+           "its messages are delayed until the partition heals.",
+           partitions=2, partition_ms=(2_000, 8_000), window_ms=20_000,
+           convergence_bound_ms=_HOLD + 60_000),
+        _s("long-partition",
+           "A worker is cut off from the coordinator for longer than the session timeout: it "
+           "fences itself, the coordinator expires it, then it rejoins.",
+           partitions=1, partition_ms=(12_000, 25_000), window_ms=10_000,
+           convergence_bound_ms=_HOLD + 60_000),
+        _s("coordinator-restart",
+           "The coordinator process restarts (twice): uncommitted writes are lost, the state is "
+           "rebuilt by replaying its log, every member gets a fresh session.",
+           coordinator_restarts=2, bounces=1, window_ms=30_000, convergence_bound_ms=_HOLD + 60_000),
+        _s("lossy-network",
+           "1% of the messages are lost (their connection resets) and connections drop: lost "
+           "responses, resent full heartbeats, reconnects with backoff.",
+           loss=0.01, conn_drops=5, joins=1, window_ms=30_000, convergence_bound_ms=_HOLD + 60_000),
+        _s("log-failures",
+           "The coordinator's log fails 5% of appends and fsyncs: handlers are rolled back and the "
+           "requests answered COORDINATOR_NOT_AVAILABLE.",
+           append_fail=0.05, fsync_fail=0.05, bounces=1, joins=1, window_ms=30_000,
+           convergence_bound_ms=_HOLD + 60_000),
+        _s("slow-revocation",
+           "A worker's revocations take longer than the rebalance timeout while a worker joins.",
+           slow_revocations=1, joins=1, rebalance_timeout_ms=30_000, window_ms=20_000,
+           convergence_bound_ms=_HOLD + 60_000),
+        _s("connector-changes",
+           "Connectors are added, deleted and resized during rebalances (a worker joins and one "
+           "bounces meanwhile).",
+           connector_changes=6, joins=1, bounces=1, window_ms=20_000,
+           convergence_bound_ms=_HOLD + 30_000),
+        _s("slow-shutdown",
+           "A worker is bounced while stopping its work takes longer than the session timeout "
+           "(stops take 1-2x the rebalance timeout, cut at half of it).",
+           slow_bounces=1, rebalance_timeout_ms=30_000, window_ms=10_000,
+           convergence_bound_ms=_HOLD + 60_000),
+        # -- soak ---------------------------------------------------------------------------------------
+        _s("random-faults",
+           "Soak: a random mix of crashes (quick and slow restarts), bounces, GC pauses, short "
+           "partitions, dropped connections, lost messages, log failures, coordinator restarts, "
+           "slow revocations, joins and connector changes.",
+           crashes=1, crash_restart_ms=(500, 25_000), bounces=2, pauses=1, pause_ms=(2_000, 20_000),
+           partitions=1, partition_ms=(1_000, 8_000), conn_drops=3, coordinator_restarts=1,
+           slow_revocations=1, connector_changes=2, joins=1, loss=0.002, append_fail=0.01,
+           fsync_fail=0.01, window_ms=60_000, convergence_bound_ms=_HOLD + 60_000,
+           tags=("soak",)),
+    )
+}
+SCENARIOS.update({
+    s.name: s for s in (
+        SCENARIOS["random-faults"].with_(
+            name="random-faults-static", identity="static",
+            description="The soak with static members (instance ids, -2 on a graceful stop)."),
+        SCENARIOS["random-faults"].with_(
+            name="random-faults-generated", identity="generated",
+            description="The soak with member ids generated by the coordinator (a new one per process)."),
+    )
+})
