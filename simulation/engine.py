@@ -276,6 +276,14 @@ class CoordinatorNode:
             parked.refreshing = False
             if parked.expired and self.parked.get(ev[1]) is parked:
                 self._release(ev[1])
+        elif kind == "timer":
+            # As the shard does (and Kafka's retry=true timers): a timer whose write failed is
+            # tried again shortly, unless something re-armed it meanwhile.
+            key = ev[1]
+            if key not in self.timers:
+                deadline = self.sim.now + TIMER_RETRY_MS
+                self.timers[key] = deadline
+                self.sim.at(deadline, self._fire, self.inc, key, deadline)
 
     def _commit(self, inc: int, pending: list[tuple[tuple[Any, ...], Result]]) -> None:
         if inc != self.inc or not self.up:
@@ -441,6 +449,7 @@ def error_response(req: Any, code: int, now: int) -> Any:
 # == workers ================================================================================================
 
 RETRY_COORDINATOR = (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE)
+TIMER_RETRY_MS = 500
 
 
 class SimWorker:

@@ -510,9 +510,20 @@ class Worker:
         if items:
             await _call(self.listener.on_revoked, items)
         if self.membership.member_id:
-            with contextlib.suppress(ConnectionFailed):
-                resp = await self.client.send(self.membership.leave_request(static=static))
-                log.info("left the group", static=static, error=error_name(resp.error_code))
+            # A leave the coordinator could not write (COORDINATOR_NOT_AVAILABLE, loading, a
+            # broken connection) is retried a few times; otherwise the session expiry removes us.
+            for attempt in range(4):
+                try:
+                    resp = await self.client.send(self.membership.leave_request(static=static))
+                except ConnectionFailed:
+                    resp = None
+                if resp is not None and resp.error_code not in (
+                        ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                        ErrorCode.NOT_COORDINATOR):
+                    log.info("left the group", static=static, error=error_name(resp.error_code))
+                    break
+                if attempt < 3:
+                    await asyncio.sleep(self.client.backoff_s())
         self.membership.left()
         await self.client.close()
 

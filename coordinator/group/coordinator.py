@@ -1113,9 +1113,11 @@ class GroupCoordinator:
     # change) re-arms the timer at the soft deadline, so a deadline is never lost.
     def _on_session_expired(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
         deadline = g.soft.session_deadline.get(member_id)
-        if member_id not in g.members or deadline is None:
+        if member_id not in g.members:
             return
-        if deadline > now_ms:
+        # No soft deadline for a member: its removal was rolled back (a failed write) after
+        # the soft state had been dropped. The timer that fired is its last real deadline.
+        if deadline is not None and deadline > now_ms:
             txn.timer(SESSION, g.group_id, member_id, deadline)
             return
         self._fence(txn, g, member_id, now_ms, "session expired")

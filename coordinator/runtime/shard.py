@@ -50,6 +50,7 @@ log = logs.get("coordinator.shard")
 
 LOADING, ACTIVE, FAILED, CLOSED = "loading", "active", "failed", "closed"
 MAX_DRAIN = 512
+TIMER_RETRY_MS = 500
 
 
 def now_ms() -> int:
@@ -337,7 +338,11 @@ class Shard:
         return result
 
     def _fail_event(self, ev: _Event, code: int, message: str) -> None:
-        if ev.future is None or ev.future.done():
+        if ev.future is None:
+            if ev.error is not None:
+                ev.error(code, message)  # e.g. a timer's retry
+            return
+        if ev.future.done():
             return
         if ev.error is not None:
             ev.future.set_result(ev.error(code, message))
@@ -401,7 +406,17 @@ class Shard:
             self._timers[key] = (deadline, handle)
             return
         del self._timers[key]
-        self._submit(_Event("write", lambda core, now: core.on_timer(key, now), None))
+
+        def retry(code: int, message: str) -> None:
+            # The expiry's records could not be written: try again shortly (Kafka's timers
+            # retry after 500 ms too), unless something re-armed the timer meanwhile.
+            if key not in self._timers and self.state == ACTIVE:
+                again = now_ms() + TIMER_RETRY_MS
+                handle = asyncio.get_running_loop().call_later(
+                    TIMER_RETRY_MS / 1000, self._fire, key, again)
+                self._timers[key] = (again, handle)
+
+        self._submit(_Event("write", lambda core, now: core.on_timer(key, now), None, error=retry))
 
     def timer_deadlines(self) -> dict[TimerKey, int]:
         return {k: d for k, (d, _) in self._timers.items()}
