@@ -16,6 +16,10 @@ from simulation import run
 
 BUGS = {
     "stop-without-session": (
+        "FIXED in worker_client/worker.py (stop() now drains through the heartbeat loop; "
+        "tests/test_worker.py::test_shutdown_longer_than_the_session_keeps_heartbeating), but "
+        "the simulator's worker model (engine.py graceful_stop) still mirrors the old stop(), "
+        "so these seeds still fail until the model is updated. Old: "
         "worker.stop() sends no heartbeat (and cancels the watchdog) while it waits for a start or "
         "stop in progress and then stops every instance, each allowed half the rebalance "
         "timeout; when that takes longer than the session timeout the coordinator expires the "

@@ -514,3 +514,24 @@ async def test_parked_heartbeat_expiring_during_its_wake_up_probe_gets_the_probe
         assert nxt.error_code == 0, nxt
     finally:
         await shard.close()
+
+
+async def test_shutdown_longer_than_the_session_keeps_heartbeating(env: Env) -> None:
+    """Found by the simulator ("stop-without-session"): stop() used to end the heartbeat loop
+    before stopping the instances; a shutdown whose stops outlast the session timeout let the
+    coordinator expire the worker and hand its items to another one while they still ran."""
+    env.alter({"slow": (1, {"stop.delay.ms": "3000"})})
+    a = env.start("a", rebalance_timeout_ms=10_000)  # 5 s per stop: longer than the session
+    await until(stable(env, {a: items("slow", "slow/0")}), "a runs everything")
+    b = env.start("b", rebalance_timeout_ms=10_000)
+    await until(lambda: len(env.describe().members) == 2, "b joined")
+    a_id = a.membership.member_id
+    stopping = asyncio.create_task(a.stop())
+    # Two seconds in (the session timeout), a is still a member: it kept heartbeating.
+    await asyncio.sleep(SESSION_MS / 1000 + 0.3)
+    assert a_id in {m.member_id for m in env.describe().members}
+    await asyncio.wait_for(stopping, 15)
+    await until(stable(env, {b: items("slow", "slow/0")}), "b runs everything after a left")
+    t = env.timeline()
+    assert not t.problems, t.problems  # no item ran on a and b at once
+    assert lost(a) == 0

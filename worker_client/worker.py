@@ -165,6 +165,7 @@ class Worker:
         self._inflight: asyncio.Task[Any] | None = None
         self._compute: asyncio.Task[None] | None = None
         self._acting: asyncio.Task[None] | None = None
+        self._draining = False
         self._pending: deque[Revoke | Assign] = deque()
         self._running = False
         self._rebalance_started: float | None = None
@@ -288,14 +289,18 @@ class Worker:
         m = self.membership
         try:
             if isinstance(action, Revoke):
-                # What is still owned: a Lost may have stopped everything while this waited.
-                items = action.items & m.owned
+                # What is still owned: a Lost may have stopped everything while this waited
+                # (when draining for shutdown: everything that runs, owned or still starting).
+                items = action.items & (m.owned | frozenset(self.instances)) if self._draining \
+                    else action.items & m.owned
                 if items:
                     self._rebalance_started = self._rebalance_started or time.monotonic()
                     await self._stop_items(items)
                     await _call(self.listener.on_revoked, items)
                     m.revoked(items, now_ms())
                     log.info("revoked", items=_names(items), epoch=m.member_epoch)
+            elif isinstance(action, Assign) and self._draining:
+                pass  # shutting down: nothing new starts; the leave releases it
             elif isinstance(action, Assign):
                 # What is still assigned and not yet run (a Lost, or a newer assignment, may
                 # have come meanwhile).
@@ -322,7 +327,7 @@ class Worker:
                 m.revoked(action.items, now_ms())
                 log.warning("lost all work; rejoining", reason=action.reason, items=len(action.items))
             elif isinstance(action, Compute):
-                if self._compute is None or self._compute.done():
+                if not self._draining and (self._compute is None or self._compute.done()):
                     self._compute = asyncio.create_task(self._compute_assignment())
             elif isinstance(action, Fatal):
                 log.error("the coordinator refused this worker", error=action.message)
@@ -496,6 +501,20 @@ class Worker:
         """Stop all work, then leave the group (-1; -2 for a static member's planned restart,
         which keeps its work held for it until its session expires)."""
         static = self.config.instance_id is not None if static is None else static
+        # Fix (found by the simulator, "stop-without-session"): stop the work *through the
+        # loop*, as a revocation of everything, so heartbeats go on while the instances stop.
+        # Stopping them after the loop had ended sent no heartbeat, and a shutdown longer than
+        # the session timeout let the coordinator hand the items on while they still ran.
+        # While draining, new assignments are not started.
+        if self._running and not self._stop.is_set():
+            self._draining = True
+            self._pending.append(Revoke(frozenset(self.instances) | self.membership.owned))
+            self._wake.set()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.stop_deadline_s * 2 + 2
+            while self._running and loop.time() < deadline and (
+                    self.instances or self._pending or self._acting is not None):
+                await asyncio.sleep(0.02)
         self._stop.set()
         if self._inflight is not None:
             self._inflight.cancel()
