@@ -50,16 +50,22 @@ scheduled rebalance to retry; otherwise convergence could not be expected.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from connect_wire.errors import ErrorCode as E
-from connect_wire.messages import ConnectGroupHeartbeatRequest, ConnectGroupHeartbeatResponse
+from connect_wire.messages import (
+    ConnectGroupAlterConnectorsRequest,
+    ConnectGroupHeartbeatRequest,
+    ConnectGroupHeartbeatResponse,
+)
+from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
 from connect_wire.messages import connect_group_heartbeat_request_v0 as _hb
 from coordinator.group.coordinator import GroupCoordinator, RequestContext
 from coordinator.group.model import MemberState
@@ -504,15 +510,31 @@ class ConnectGroupMachine(RuleBasedStateMachine):
             assert installed.error_code == E.INVALID_ASSIGNMENT, (variant, installed)
 
     @rule(name=st.sampled_from(CONNECTOR_NAMES), tasks=st.integers(0, MAX_TASKS),
-          delete=st.sampled_from([False, False, True]))
-    def alter_connectors(self, name: str, tasks: int, delete: bool) -> None:
+          delete=st.sampled_from([False, False, True]),
+          fail_write=st.sampled_from([False, False, False, True]))
+    def alter_connectors(self, name: str, tasks: int, delete: bool, fail_write: bool) -> None:
+        """An admin adds or deletes a connector or changes its task count. With ``fail_write``
+        the runtime cannot write the records: it rolls them back (the admin may retry)."""
         self._begin()
         g = self.h.group(GROUP)
         exists = g is not None and name in g.connectors
-        if delete and exists:
-            response = self.h.alter(deletes=[name], group_id=GROUP)
-        else:
-            response = self.h.alter({name: tasks}, group_id=GROUP)
+        upserts, deletes = ({}, [name]) if delete and exists else ({name: tasks}, [])
+        if fail_write:
+            req = ConnectGroupAlterConnectorsRequest(
+                group_id=GROUP,
+                upserts=tuple(_alter.ConnectorSpec(name=n, task_count=c, config=())
+                              for n, c in upserts.items()),
+                deletes=tuple(deletes), validate_only=False)
+            result = self.h.coordinator.alter_connectors(req, self.h.now)
+            assert result.response.error_code == 0, result.response
+            if result.records:
+                event("failed write rolled back (alter)")
+                self.h.coordinator.rollback(result)
+                self.h.check()
+                return
+            self.h.apply(result)
+            return
+        response = self.h.alter(upserts, deletes, group_id=GROUP)
         assert response.error_code == 0, response
 
     @precondition(lambda self: self.alive())
@@ -648,10 +670,17 @@ class ConnectGroupMachine(RuleBasedStateMachine):
             self.h.check_records_encode()
 
 
+# Shrinking a failing run of this machine takes minutes (every step replays the whole log);
+# it is off unless CONNECT_PROPERTY_SHRINK=1. The unshrunk failing steps are printed either way.
+_PHASES = (
+    list(Phase) if os.environ.get("CONNECT_PROPERTY_SHRINK") == "1"
+    else [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+)
 ConnectGroupMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=40,
+    max_examples=500,
+    stateful_step_count=50,
     deadline=None,
+    phases=_PHASES,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestConnectGroup = ConnectGroupMachine.TestCase
@@ -694,14 +723,12 @@ def _failed_write_heartbeat(h: Harness, member_id: str, epoch: int) -> None:
 
 
 def test_session_expires_after_a_rolled_back_heartbeat() -> None:
-    # BUG: a heartbeat whose write fails (rollback) still moved the member's soft session
-    # deadline (_touch_session: soft.session_deadline = now + session) while its SESSION timer
-    # change was discarded with the result. The old timer then fires, _on_session_expired sees
-    # the later soft deadline, returns - and re-arms nothing. If the worker dies right after the
-    # failed heartbeat, its session never expires: the member and everything it owns stay in
-    # the group forever (until a coordinator restart). Either rollback must restore the soft
-    # deadlines, or _on_session_expired (like _on_rebalance_expired and _on_compute_expired,
-    # which have the same early return) must re-arm the timer for the later deadline.
+    # Found by the machine above (was a BUG): a heartbeat whose write fails (rollback) still
+    # moved the member's soft session deadline (_touch_session) while its SESSION timer change
+    # was discarded with the result. The old timer then fired, _on_session_expired saw the
+    # later soft deadline and returned without re-arming anything: a worker that died right
+    # after the failed heartbeat never expired, and held its work forever. Now the expiry
+    # handlers re-arm the timer at the later soft deadline.
     h = Harness()
     h.alter({"A": 0})
     h.join("a")
@@ -715,13 +742,14 @@ def test_session_expires_after_a_rolled_back_heartbeat() -> None:
 
 
 def test_computation_times_out_after_a_rolled_back_notification() -> None:
-    # BUG: the chosen member is first told ShouldComputeAssignment in a heartbeat whose write
-    # fails (rollback). _notify_assigner already set the soft Computation.notified and
-    # deadline_ms, but its COMPUTE timer was discarded with the result; later heartbeats see
-    # notified=True and never arm it again. If that member then never installs (its assignor
-    # hangs after PrepareAssignment), the computation never times out and is never handed to
-    # another member: the group stays Assigning forever. Without the failed write, the COMPUTE
-    # timer moves the computation to "b" after the rebalance timeout (30 s).
+    # Found by the machine above (was a BUG): the chosen member is first told
+    # ShouldComputeAssignment in a heartbeat whose write fails (rollback). _notify_assigner had
+    # already set the soft Computation.notified and deadline_ms, but its COMPUTE timer was
+    # discarded with the result and later heartbeats (notified=True) never armed it again: if
+    # the member then never installed (its assignor hangs after PrepareAssignment), the
+    # computation never timed out nor moved to another member, and the group stayed Assigning
+    # forever. Now a heartbeat re-arms the COMPUTE timer. (Without the failed write the timer
+    # hands the computation to "b" after the rebalance timeout, 30 s.)
     h = Harness()
     h.join("a")
     h.compute({"a": []})
@@ -738,3 +766,40 @@ def test_computation_times_out_after_a_rolled_back_notification() -> None:
         epoch_b = h.heartbeat("b", epoch_b).member_epoch
         chosen.add(h.assigner())
     assert "b" in chosen, f"computation never left 'a' in 60 s; timers: {h.timers}"
+
+
+def test_rolled_back_join_does_not_leave_a_computation_in_a_stable_group() -> None:
+    # BUG: a join whose write fails is rolled back (records undone: no member "b", group epoch
+    # back to the assignment epoch), but the soft Computation that _after/_choose_assigner made
+    # for the rolled-back epoch stays. The group is Stable, yet its chosen member "a" is told
+    # ShouldComputeAssignment on its next heartbeat; its PrepareAssignment answers GroupEpoch 1
+    # == AssignmentEpoch 1 and the install is refused (INVALID_ASSIGNMENT "Group epoch 1
+    # already has an assignment"); the computation is never cancelled, so after every
+    # rebalance timeout (COMPUTE timer, _on_compute_expired -> _choose_assigner) "a" is asked
+    # again - forever. A rolled-back AlterConnectors (which bumps the epoch too) does the same:
+    # the machine found it as "Group epoch 5 already has an assignment" for a valid install.
+    # Rollback should restore the soft computation (or ShouldComputeAssignment and
+    # _on_compute_expired should drop a computation when group epoch <= assignment epoch).
+    h = Harness()
+    h.join("a")
+    h.compute({"a": []})
+    epoch = h.join("a").member_epoch
+    g = h.group()
+    assert g.state.value == "Stable" and g.soft.computation is None
+    req = ConnectGroupHeartbeatRequest(
+        group_id=GROUP, member_id="b", member_epoch=0, rebalance_timeout_ms=REBALANCE_TIMEOUT,
+        client_assignors=(assignor(),), owned_connectors=(), owned_tasks=())
+    result = h.coordinator.heartbeat(req, h.now)
+    assert result.response.error_code == 0 and result.records
+    h.coordinator.rollback(result)  # the runtime could not write the join
+    h.check()
+    assert list(g.members) == ["a"] and g.state.value == "Stable"
+    asked = []
+    for _ in range(40):  # 120 s of heartbeats from "a"
+        response = h.heartbeat("a", epoch)
+        if response.should_compute_assignment:
+            prepared = h.prepare("a")
+            installed = h.install("a", {"a": []}, prepared.group_epoch)
+            asked.append((h.now, installed.error_code))
+        h.advance(3_000)
+    assert not asked, f"a Stable group asked 'a' to compute: (time, install error) {asked}"

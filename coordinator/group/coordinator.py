@@ -904,6 +904,10 @@ class GroupCoordinator:
             self._maybe_arm_expiry(txn, g, now_ms)
             return
         if g.epoch <= g.assignment_epoch:
+            # Nothing to compute. A computation can outlive its need when the records that
+            # bumped the epoch were rolled back (a failed write): drop it.
+            if g.soft.computation is not None and g.soft.computation.prepared_epoch is None:
+                self._cancel_computation(txn, g)
             return
         comp = g.soft.computation
         if comp is not None and comp.member_id in g.members:
