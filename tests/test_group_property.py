@@ -26,14 +26,15 @@ a real one does:
   or ``Error != 0`` (with a retry delay, see below), sometimes with a ScheduledRebalanceDelayMs.
 
 Faults: crashes (the process dies and runs nothing; optionally time passes beyond the session
-timeout while the others keep heartbeating), restarts of a worker process (new member id, or
-the old one kept), dynamic leaves (-1), static leaves (-2) and static instances taken over by a
-new process, lost responses, stale resends, slow stops, failed log writes (the runtime rolls
-the handler's records back and answers COORDINATOR_NOT_AVAILABLE), assignor metadata changes,
-prepares and installs from stale or unchosen members and with answers kept across other steps,
-connector changes (add, delete, change task counts), time advances of any length, and
-coordinator restarts (the log replayed into a fresh :class:`GroupCoordinator`,
-``on_loaded(now)``).
+timeout while the others keep heartbeating), restarts of a worker process (new member id, or the
+old one kept), dynamic leaves (-1), static leaves (-2) and static instances taken over by a new
+process, lost responses, immediate or later resends of the same request, late heartbeats
+carrying a previous epoch (fenced), slow stops, failed log writes of heartbeats and
+AlterConnectors (the runtime rolls the handler's records back and answers
+COORDINATOR_NOT_AVAILABLE), assignor metadata changes, prepares and installs from stale or
+unchosen members and with answers kept across other steps, connector changes (add, delete,
+change task counts), time advances of any length, and coordinator restarts (the log replayed
+into a fresh :class:`GroupCoordinator`, ``on_loaded(now)``).
 
 Checked after every step: the harness' own checks, and the system-level safety property *no
 connector or task runs on two live workers*, plus its stronger cause: every item a live worker
@@ -74,6 +75,7 @@ from tests.group_harness import (
     REBALANCE_TIMEOUT,
     Harness,
     assignor,
+    item,
     names,
     response_items,
     wire_lists,
@@ -123,6 +125,7 @@ class Worker:
     wants_compute: bool = False
     prepared: Any = None  # a PrepareAssignment response kept for a later install
     metadata: bytes = b""  # its assignor metadata (changing it triggers a rebalance)
+    previous_epoch: int = 0  # the epoch before its current one
 
     def assignors(self) -> tuple[Any, ...]:
         high = 2 if self.slot in WIDE_SLOTS else 1
@@ -275,6 +278,8 @@ class ConnectGroupMachine(RuleBasedStateMachine):
         if response.member_id:
             w.member_id = response.member_id
         assert w.member_id, response
+        if response.member_epoch != w.epoch:
+            w.previous_epoch = w.epoch
         w.epoch = response.member_epoch
         w.wants_compute = response.should_compute_assignment
         new = response_items(response)
@@ -389,11 +394,17 @@ class ConnectGroupMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.alive())
     @rule(index=st.integers(0, SLOTS - 1), lose=st.sampled_from([False, False, False, True]),
-          slow_stop=st.booleans(), fail_write=st.sampled_from([False, False, False, True]))
-    def heartbeat(self, index: int, lose: bool, slow_stop: bool, fail_write: bool) -> None:
+          retry_same=st.booleans(), slow_stop=st.booleans(),
+          fail_write=st.sampled_from([False, False, False, True]))
+    def heartbeat(self, index: int, lose: bool, retry_same: bool, slow_stop: bool,
+                  fail_write: bool) -> None:
+        """A worker heartbeats. Its response may be lost; then it may retry at once with the
+        very same request (a client retrying after a timeout)."""
         self._begin()
         w = self._pick(self.alive(), index)
         self.heartbeat_worker(w, lose=lose, slow_stop=slow_stop, fail_write=fail_write)
+        if retry_same and w.alive and w.can_resend:
+            self.heartbeat_worker(w, resend=True, slow_stop=slow_stop)
 
     @precondition(lambda self: any(w.member_id and w.epoch > 0 for w in self.alive()))
     @rule(index=st.integers(0, SLOTS - 1), metadata=st.sampled_from([b"", b"v1", b"v2"]),
@@ -405,6 +416,18 @@ class ConnectGroupMachine(RuleBasedStateMachine):
         w.metadata = metadata
         request = {**self._request(w), "client_assignors": w.assignors()}
         self.heartbeat_worker(w, lose=lose, request=request)
+
+    @precondition(lambda self: any(0 < w.previous_epoch < w.epoch for w in self.alive()))
+    @rule(index=st.integers(0, SLOTS - 1), slow_stop=st.booleans())
+    def stale_epoch_heartbeat(self, index: int, slow_stop: bool) -> None:
+        """A heartbeat from the worker's past arrives late (e.g. a retry of a request that timed
+        out): its previous epoch and no owned lists. The coordinator fences the member; the
+        worker learns it from the answer (and may rejoin before its work has stopped)."""
+        self._begin()
+        w = self._pick([w for w in self.alive() if 0 < w.previous_epoch < w.epoch], index)
+        request = {"member_id": w.member_id, "epoch": w.previous_epoch}
+        response = self.heartbeat_worker(w, request=request, slow_stop=slow_stop)
+        assert response.error_code == E.FENCED_MEMBER_EPOCH, response
 
     @precondition(lambda self: any(w.can_resend for w in self.alive()))
     @rule(index=st.integers(0, SLOTS - 1), slow_stop=st.booleans())
@@ -677,7 +700,7 @@ _PHASES = (
     else [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
 )
 ConnectGroupMachine.TestCase.settings = settings(
-    max_examples=500,
+    max_examples=1000,
     stateful_step_count=50,
     deadline=None,
     phases=_PHASES,
@@ -769,17 +792,13 @@ def test_computation_times_out_after_a_rolled_back_notification() -> None:
 
 
 def test_rolled_back_join_does_not_leave_a_computation_in_a_stable_group() -> None:
-    # BUG: a join whose write fails is rolled back (records undone: no member "b", group epoch
-    # back to the assignment epoch), but the soft Computation that _after/_choose_assigner made
-    # for the rolled-back epoch stays. The group is Stable, yet its chosen member "a" is told
-    # ShouldComputeAssignment on its next heartbeat; its PrepareAssignment answers GroupEpoch 1
-    # == AssignmentEpoch 1 and the install is refused (INVALID_ASSIGNMENT "Group epoch 1
-    # already has an assignment"); the computation is never cancelled, so after every
-    # rebalance timeout (COMPUTE timer, _on_compute_expired -> _choose_assigner) "a" is asked
-    # again - forever. A rolled-back AlterConnectors (which bumps the epoch too) does the same:
-    # the machine found it as "Group epoch 5 already has an assignment" for a valid install.
-    # Rollback should restore the soft computation (or ShouldComputeAssignment and
-    # _on_compute_expired should drop a computation when group epoch <= assignment epoch).
+    # Found by the machine above (was a BUG): a join whose write fails is rolled back (no
+    # member "b", group epoch back to the assignment epoch), but the soft Computation chosen for
+    # the rolled-back epoch stayed. The Stable group then told its member "a"
+    # ShouldComputeAssignment, refused every install ("Group epoch 1 already has an
+    # assignment") and, after every rebalance timeout, asked again - forever. A rolled-back
+    # AlterConnectors did the same (the machine's "Group epoch 5 already has an assignment" for
+    # a valid install). Now _after drops a computation that is no longer needed.
     h = Harness()
     h.join("a")
     h.compute({"a": []})
@@ -803,3 +822,36 @@ def test_rolled_back_join_does_not_leave_a_computation_in_a_stable_group() -> No
             asked.append((h.now, installed.error_code))
         h.advance(3_000)
     assert not asked, f"a Stable group asked 'a' to compute: (time, install error) {asked}"
+
+
+def test_install_computed_before_a_static_replacement_assigns_every_item() -> None:
+    # Found by the machine above (was a BUG): a static member parked at -2 is replaced by a
+    # new member id *without* a group epoch
+    # bump (same assignors; _replace_static moves its target and what it held to the new id),
+    # while another member's computation is in flight. That computation was prepared with the
+    # old member id, so its install is valid against the prepared metadata and accepted for the
+    # same group epoch - but "restricted to today's members", the old id's items are dropped.
+    # The assignment epoch then equals the group epoch: no new computation is ever due, and
+    # connector A stays in nobody's target, unassigned forever (the machine found this as "no
+    # convergence: assigned [...] != configured [...]"). The replacement should bump the group
+    # epoch, or cancel the computation in flight, or the install should hand the old id's
+    # target to the member that replaced it.
+    h = Harness()
+    h.alter({"A": 0})
+    h.join("a")
+    old = h.join("", instance_id="i").member_id
+    assert h.assigner() == "a"
+    assert h.heartbeat(old, -2, instance_id="i").error_code == 0
+    prepared = h.prepare("a")
+    assert prepared.error_code == 0
+    assert {m.member_id for m in prepared.members} == {"a", old}
+    new = h.join("", instance_id="i").member_id  # a new process takes the instance over
+    assert new != old and set(h.group().members) == {"a", new}
+    installed = h.install("a", {old: ["A"], "a": []}, prepared.group_epoch)
+    g = h.group()
+    if installed.error_code == 0:
+        assert g.epoch > g.assignment_epoch or item("A") in g.target_owner, (
+            f"A is in no target and no computation is due (group epoch {g.epoch}, assignment "
+            f"epoch {g.assignment_epoch}, targets {g.target})")
+    else:  # refusing it is fine too, as long as a new computation is then due
+        assert g.epoch > g.assignment_epoch and h.assigner() in g.members

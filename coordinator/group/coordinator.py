@@ -725,9 +725,13 @@ class GroupCoordinator:
         )))
         self._forget_member(txn, g, old_id)
         comp = g.soft.computation
+        prepared = comp is not None and comp.prepared_epoch is not None
         if comp is not None and comp.member_id == old_id:
             self._cancel_computation(txn, g)
-        if _assignor_signature(old_meta.assignors) != _assignor_signature(assignors):
+        # A computation prepared before this replacement assigns the old member id, whose
+        # items the install then drops (it keeps only current members): bump, so a new
+        # computation follows it. Also bump when the assignors changed.
+        if prepared or _assignor_signature(old_meta.assignors) != _assignor_signature(assignors):
             self._bump(txn, g)
 
     def _update_member(
