@@ -1,41 +1,10 @@
-"""Structured logs (structlog): JSON lines by default, a console renderer on request.
+"""Structured logs of the daemon: the same structlog setup as the worker's (JSON lines by
+default, a console renderer on request), written once in :mod:`worker_client.logs`.
 
 Context (group, member, partition, connection) is bound per event by the callers; nothing is
 logged at info level per heartbeat.
 """
 
-from __future__ import annotations
+from worker_client.logs import LEVELS, configure, get
 
-import logging
-import sys
-
-import orjson
-import structlog
-
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-          "error": logging.ERROR}
-
-
-def configure(format: str = "json", level: str = "info") -> None:
-    processors: list[structlog.types.Processor] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
-    ]
-    if format == "console":
-        processors.append(structlog.dev.ConsoleRenderer(colors=False))
-        factory: structlog.types.WrappedLogger = structlog.PrintLoggerFactory(sys.stderr)
-    else:
-        processors.append(structlog.processors.JSONRenderer(serializer=orjson.dumps))
-        factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
-    structlog.configure(
-        processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=factory,
-        cache_logger_on_first_use=True,
-    )
-
-
-def get(name: str) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)  # type: ignore[no-any-return]
+__all__ = ["LEVELS", "configure", "get"]

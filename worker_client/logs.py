@@ -1,4 +1,6 @@
-"""Structured logs for the worker (structlog; JSON lines or console). Stdlib-free of server code."""
+"""Structured logs (structlog; JSON lines or console), shared by the worker and the daemon.
+
+No server code here: the worker client must not depend on the coordinator."""
 
 from __future__ import annotations
 
