@@ -84,6 +84,8 @@ class Harness:
         self.timers: dict[TimerKey, int] = {}
         self.wakes: list[set[tuple[str, str]]] = []
         self.check_each_step = check
+        self.steady_hits = 0
+        """Heartbeats the fast path (GroupCoordinator.steady_heartbeat) would have answered."""
         self._epochs = epochs(self.coordinator.state)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -142,7 +144,19 @@ class Harness:
             group_id=group_id, member_id=member_id, member_epoch=epoch, **fields
         )
         ctx = RequestContext(client_id=f"client-{member_id}", client_host="127.0.0.1")
-        return self.apply(self.coordinator.heartbeat(req, self.now, ctx))
+        # The daemon answers "steady" heartbeats on a fast path: whenever it would, its answer
+        # must be exactly the full handler's, which must write nothing and set the same timer.
+        steady = self.coordinator.steady_heartbeat(req, self.now, ctx)
+        result = self.coordinator.heartbeat(req, self.now, ctx)
+        if steady is not None:
+            self.steady_hits += 1
+            response, timer = steady
+            assert response == result.response, (response, result.response)
+            assert not result.records, result.records
+            assert [t for t in result.timers if t != timer] == [], (timer, result.timers)
+            assert timer in result.timers
+            assert not result.wake
+        return self.apply(result)
 
     def join(
         self, member_id: str = "", group_id: str = "g", owned: Iterable[str] = (),

@@ -196,6 +196,33 @@ def test_steady_heartbeat_after_join_omits_the_member_id() -> None:
     assert r.error_code == 0 and r.member_id is None and r.member_epoch == 1
 
 
+def test_steady_heartbeat_fast_path_only_when_nothing_can_change() -> None:
+    """GroupCoordinator.steady_heartbeat answers only a heartbeat that changes nothing; the
+    harness checks on every heartbeat that its answer equals the full handler's."""
+    h = Harness()
+    two_workers(h)
+    hits = h.steady_hits
+    steady = ConnectGroupHeartbeatRequest(group_id="g", member_id="W1", member_epoch=2)
+    assert h.coordinator.steady_heartbeat(steady, h.now) is not None
+    h.heartbeat("W1", 2)
+    h.heartbeat("W2", 2, max_wait_ms=500)
+    assert h.steady_hits == hits + 2
+    c = h.coordinator
+    for changes in ({"member_epoch": 1}, {"member_id": "ghost"}, {"group_id": "other"},
+                    {"owned_tasks": ()}, {"rebalance_timeout_ms": 5}, {"worker_url": "http://x"},
+                    {"instance_id": "i-unknown"}, {"instance_id": ""}, {"member_epoch": -1}):
+        req = ConnectGroupHeartbeatRequest(**{"group_id": "g", "member_id": "W1",
+                                              "member_epoch": 2, **changes})
+        assert c.steady_heartbeat(req, h.now) is None, changes
+    # A new client id would be written (member record): not steady.
+    assert c.steady_heartbeat(steady, h.now, RequestContext(client_id="someone-else")) is None
+    # A change the member must hear about: a new connector bumps the group epoch.
+    assert h.alter({"C": 1}).error_code == 0
+    assert c.steady_heartbeat(steady, h.now) is None
+    assert h.heartbeat("W1", 2).error_code == 0
+    assert h.steady_hits == hits + 2
+
+
 def test_unknown_member_id() -> None:
     h = Harness()
     one_worker(h)

@@ -299,6 +299,7 @@ class GroupCoordinator:
         self.config = config or GroupCoordinatorConfig()
         self.new_member_id = member_id_factory
         self.state = state or CoordinatorState()
+        self._default_timeouts = self.config.for_group({})
         self.strict = strict
         """Re-raise internal errors instead of answering UNKNOWN_SERVER_ERROR (tests)."""
 
@@ -326,6 +327,56 @@ class GroupCoordinator:
             return Result(self._hb_error(E.INVALID_REQUEST, problem, req))
         return self._run(lambda txn: self._heartbeat(txn, req, now_ms, ctx),
                          lambda code, msg: self._hb_error(code, msg, req))
+
+    def steady_heartbeat(
+        self,
+        req: ConnectGroupHeartbeatRequest,
+        now_ms: int,
+        ctx: RequestContext = RequestContext(),
+    ) -> tuple[Any, TimerOp] | None:
+        """The answer to a heartbeat that changes nothing, or None if it may change something.
+
+        The common case of a stable group: a member at the group's assignment epoch, Stable,
+        sending every optional field null, in a group with nothing to compute. Such a heartbeat
+        writes no record; it only extends the session. Answering it here is exactly what
+        :meth:`heartbeat` would answer (tests check the two agree), without the transaction,
+        the reconciliation or the response's assignment; anything else returns None and must
+        go through :meth:`heartbeat`. Returns the response and the session timer to set.
+        """
+        epoch = req.member_epoch
+        if (epoch <= 0 or req.rebalance_timeout_ms != -1 or req.client_assignors is not None
+                or req.owned_connectors is not None or req.owned_tasks is not None
+                or req.worker_url is not None or req.max_wait_ms < 0 or not req.group_id):
+            return None
+        g = self.state.groups.get(req.group_id)
+        if g is None or g.epoch > g.assignment_epoch:
+            return None
+        member_id = req.member_id
+        m = g.members.get(member_id)
+        if m is None:
+            return None
+        soft = g.soft
+        if soft.computation is not None or member_id in soft.dirty:
+            return None
+        cur = g.current[member_id]
+        if cur.epoch != epoch or epoch != g.assignment_epoch or cur.state != MemberState.STABLE:
+            return None
+        instance_id = req.instance_id
+        if instance_id is not None and (not instance_id or m.instance_id != instance_id):
+            return None
+        # _update_member would write a member record if the client's id or address changed.
+        if ((ctx.client_id and ctx.client_id != m.client_id)
+                or (ctx.client_host and ctx.client_host != m.client_host)):
+            return None
+        session_ms, interval_ms = (
+            self.config.for_group(g.configs) if g.configs else self._default_timeouts)
+        deadline = now_ms + session_ms
+        soft.session_deadline[member_id] = deadline
+        response = ConnectGroupHeartbeatResponse(
+            member_id=None, member_epoch=epoch, heartbeat_interval_ms=interval_ms,
+            should_compute_assignment=False, assignment=None,
+        )
+        return response, TimerOp((SESSION, g.group_id, member_id), deadline)
 
     def prepare_assignment(self, req: ConnectGroupPrepareAssignmentRequest, now_ms: int) -> Result:
         return self._run(

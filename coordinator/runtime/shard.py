@@ -87,6 +87,20 @@ class _Parked:
     """MaxWaitMs passed while a wake-up probe was in flight: the probe's result answers."""
 
 
+class _Timer:
+    """An armed timer. ``deadline`` may move later without re-arming the loop handle: the handle
+    fires at ``fires_at`` and, if the deadline moved on meanwhile, re-arms itself for the rest
+    (a steady heartbeat extends the session deadline; cancelling and re-creating a loop timer
+    on every one of them was ~6% of the daemon's time under load)."""
+
+    __slots__ = ("deadline", "fires_at", "handle")
+
+    def __init__(self, deadline: int) -> None:
+        self.deadline = deadline
+        self.fires_at = deadline
+        self.handle: asyncio.TimerHandle | None = None
+
+
 @dataclass
 class ShardStats:
     busy_s: float = 0.0
@@ -119,7 +133,9 @@ class Shard:
         self.log: PartitionLog | None = None
         self.recovery: RecoveryReport | None = None
         self.queue: asyncio.Queue[_Event] = asyncio.Queue()
-        self._timers: dict[TimerKey, tuple[int, asyncio.TimerHandle]] = {}
+        self._timers: dict[TimerKey, _Timer] = {}
+        self._busy = False
+        """The consumer is handling a batch: results may be applied but not yet committed."""
         self._parked: dict[tuple[str, str], _Parked] = {}
         self._consumer: asyncio.Task[None] | None = None
         self._compactor: asyncio.Task[None] | None = None
@@ -186,9 +202,7 @@ class Shard:
             self._consumer.cancel()
         for key in list(self._parked):
             self._release_parked(key)
-        for _deadline, handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         if self.log is not None:
             try:
                 self.log.sync()
@@ -227,6 +241,23 @@ class Shard:
         self._submit(_Event("read", fn, future))
         return future
 
+    def try_steady_heartbeat(self, req: ConnectGroupHeartbeatRequest, ctx: RequestContext) -> Any:
+        """Answer a heartbeat that changes nothing without queueing it, or return None.
+
+        Only while nothing is queued or uncommitted: the state the core answers from is then
+        exactly the committed state, and no earlier event of this partition is still waiting,
+        so answering now keeps both "reads see committed state" and the partition's event
+        order. Returns the response, or a future if the heartbeat was parked (long poll).
+        """
+        if self._busy or self.state != ACTIVE or self.queue.qsize():
+            return None
+        steady = self.core.steady_heartbeat(req, now_ms(), ctx)
+        if steady is None:
+            return None
+        response, op = steady
+        self._set_timer(op.key, op.deadline_ms)
+        return self._settle_heartbeat(req, ctx, response, None)
+
     def heartbeat(
         self, req: ConnectGroupHeartbeatRequest, ctx: RequestContext,
         error: Callable[[int, str], Any],
@@ -246,6 +277,7 @@ class Shard:
         queue = self.queue
         while True:
             event = await queue.get()
+            self._busy = True
             started = time.monotonic()
             batch = [event]
             while len(batch) < MAX_DRAIN and not queue.empty():
@@ -264,6 +296,7 @@ class Shard:
             await self._commit(pending)
             if self.log is not None and self.log.failed is not None:
                 await self._reload()
+            self._busy = False
             self.stats.busy_s += time.monotonic() - started
             elapsed = time.monotonic() - self.stats.started
             if elapsed > 0:
@@ -281,9 +314,7 @@ class Shard:
         self.state = LOADING
         for key in list(self._parked):
             self._release_parked(key)
-        for _deadline, handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         with contextlib.suppress(Exception):
             self.log.close()
         delay = 0.1
@@ -386,24 +417,44 @@ class Shard:
 
     # -- timers -----------------------------------------------------------------------------------
     def _apply_timers(self, result: Result) -> None:
-        loop = asyncio.get_running_loop()
         for op in result.timers:
-            old = self._timers.pop(op.key, None)
-            if old is not None:
-                old[1].cancel()
-            if op.deadline_ms is not None:
-                delay = max(0.0, (op.deadline_ms - now_ms()) / 1000)
-                handle = loop.call_later(delay, self._fire, op.key, op.deadline_ms)
-                self._timers[op.key] = (op.deadline_ms, handle)
+            self._set_timer(op.key, op.deadline_ms)
 
-    def _fire(self, key: TimerKey, deadline: int) -> None:
-        current = self._timers.get(key)
-        if current is None or current[0] != deadline or self.state != ACTIVE:
+    def _set_timer(self, key: TimerKey, deadline: int | None) -> None:
+        """Set (or with None cancel) the timer ``key``."""
+        timer = self._timers.get(key)
+        if deadline is None:
+            if timer is not None:
+                del self._timers[key]
+                if timer.handle is not None:
+                    timer.handle.cancel()
             return
-        late = deadline - now_ms()
-        if late > 0:  # the monotonic and wall clocks drifted: wait the rest
-            handle = asyncio.get_running_loop().call_later(late / 1000, self._fire, key, deadline)
-            self._timers[key] = (deadline, handle)
+        if timer is not None:
+            if deadline >= timer.fires_at:  # later: the armed handle re-arms when it fires
+                timer.deadline = deadline
+                return
+            if timer.handle is not None:
+                timer.handle.cancel()
+        timer = self._timers[key] = _Timer(deadline)
+        self._arm(key, timer, deadline)
+
+    def _arm(self, key: TimerKey, timer: _Timer, at_ms: int) -> None:
+        timer.fires_at = at_ms
+        timer.handle = asyncio.get_running_loop().call_later(
+            max(0.0, (at_ms - now_ms()) / 1000), self._fire, key, timer)
+
+    def _cancel_timers(self) -> None:
+        for timer in self._timers.values():
+            if timer.handle is not None:
+                timer.handle.cancel()
+        self._timers.clear()
+
+    def _fire(self, key: TimerKey, timer: _Timer) -> None:
+        if self._timers.get(key) is not timer or self.state != ACTIVE:
+            return
+        deadline = timer.deadline
+        if deadline > now_ms():  # moved later meanwhile (or the clocks drifted): wait the rest
+            self._arm(key, timer, deadline)
             return
         del self._timers[key]
 
@@ -411,15 +462,12 @@ class Shard:
             # The expiry's records could not be written: try again shortly (Kafka's timers
             # retry after 500 ms too), unless something re-armed the timer meanwhile.
             if key not in self._timers and self.state == ACTIVE:
-                again = now_ms() + TIMER_RETRY_MS
-                handle = asyncio.get_running_loop().call_later(
-                    TIMER_RETRY_MS / 1000, self._fire, key, again)
-                self._timers[key] = (again, handle)
+                self._set_timer(key, now_ms() + TIMER_RETRY_MS)
 
         self._submit(_Event("write", lambda core, now: core.on_timer(key, now), None, error=retry))
 
     def timer_deadlines(self) -> dict[TimerKey, int]:
-        return {k: d for k, (d, _) in self._timers.items()}
+        return {k: t.deadline for k, t in self._timers.items()}
 
     # -- long poll --------------------------------------------------------------------------------
     @staticmethod
@@ -442,28 +490,39 @@ class Shard:
         self, req: ConnectGroupHeartbeatRequest, ctx: RequestContext, result: Result,
         future: asyncio.Future[Any],
     ) -> None:
-        resp = result.response
-        key = (req.group_id, req.member_id)
-        previous = self._parked.pop(key, None)
-        if previous is not None:  # a newer heartbeat from the same member supersedes it
-            self._answer(previous, previous.response)
-        wait_ms = req.max_wait_ms
         if future.done():
+            self._release_parked((req.group_id, req.member_id))
             return
+        answer = self._settle_heartbeat(req, ctx, result.response, future)
+        if answer is not future:
+            future.set_result(answer)
+
+    def _settle_heartbeat(
+        self, req: ConnectGroupHeartbeatRequest, ctx: RequestContext, resp: Any,
+        future: asyncio.Future[Any] | None,
+    ) -> Any:
+        """A committed heartbeat answer: the response itself, or a (given or new) future if
+        the answer tells the member nothing new and it asked to wait (parked)."""
+        key = (req.group_id, req.member_id)
+        if self._parked:
+            # A newer heartbeat from the same member supersedes a parked one.
+            self._release_parked(key)
+        wait_ms = req.max_wait_ms
         if wait_ms <= 0 or not self._quiet(req, resp):
-            future.set_result(resp)
-            return
+            return resp
         g = self.core.group(req.group_id)
         session_ms, interval_ms = self.core.config.for_group(g.configs if g else {})
         wait_ms = min(wait_ms, max(0, session_ms - interval_ms))
         if wait_ms <= 0:
-            future.set_result(resp)
-            return
+            return resp
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
         parked = _Parked(future, resp, req, ctx)
         parked.handle = asyncio.get_running_loop().call_later(
             wait_ms / 1000, self._parked_timeout, key)
         self._parked[key] = parked
         self.metrics.parked.inc()
+        return future
 
     def _answer(self, parked: _Parked, response: Any) -> None:
         if parked.handle is not None:

@@ -104,6 +104,9 @@ class Router:
             return self._connect_describe(req)
         shard = self.shard_of(req.group_id)
         if api_key == ApiKey.CONNECT_GROUP_HEARTBEAT:
+            steady = shard.try_steady_heartbeat(req, ctx)
+            if steady is not None:
+                return steady
             error = self._hb_error(req, s.heartbeat_interval_ms)
             try:
                 return shard.heartbeat(req, ctx, error)
