@@ -95,11 +95,20 @@ def decode(cls: type[T], data: bytes | bytearray | memoryview, offset: int = 0) 
     if offset < 0 or offset > len(data):
         raise DecodeError(f"cannot decode {cls.__name__}: offset {offset} outside the data")
     try:
-        return _walker(cls)(data, offset)
+        return (_compiled(cls) or _walker(cls))(data, offset)
     except DecodeError:
         raise
     except Exception as exc:
         raise DecodeError(f"cannot decode {cls.__name__}: {exc!r}") from None
+
+
+@cache
+def _compiled(cls: type) -> Callable[[Any, int], tuple[Any, int]] | None:
+    """The compiled reader of ``cls`` (``connect_wire.fastreader``: same rules as the walker,
+    straight-line code), or None when it cannot be built (the walker is used)."""
+    from connect_wire import fastreader  # local: mirrors _writer
+
+    return fastreader.compile_reader(cls)
 
 
 def decode_trusted(cls: type[T], data: bytes, offset: int = 0) -> tuple[T, int]:

@@ -73,6 +73,7 @@ __all__ = (
     "parse_request_header",
     "parse_response_header",
     "peek_request_api",
+    "request_client_id",
     "request_header_version",
     "response_header_version",
 )
@@ -367,6 +368,28 @@ def parse_request_header(frame: Buffer, flexible: bool = True) -> tuple[RequestH
         ),
         offset,
     )
+
+
+_INT16 = struct.Struct(">h")
+
+
+def request_client_id(frame: bytes, flexible: bool = True) -> tuple[str | None, int]:
+    """``(client_id, body offset)`` of a request frame: the part of the header
+    :func:`peek_request_api` does not give. The common case (no tagged header fields) is read
+    inline; anything else goes through :func:`parse_request_header`, so the result and the
+    errors (:class:`MalformedHeader`) are the same."""
+    try:
+        (size,) = _INT16.unpack_from(frame, 8)
+        if size >= 0:
+            end = 10 + size
+            if end <= len(frame) and (not flexible or (end < len(frame) and frame[end] == 0)):
+                return frame[10:end].decode(), end + 1 if flexible else end
+        elif size == -1 and (not flexible or (len(frame) > 10 and frame[10] == 0)):
+            return None, 11 if flexible else 10
+    except (struct.error, TypeError, UnicodeDecodeError):
+        pass
+    header, offset = parse_request_header(frame, flexible)
+    return header.client_id, offset
 
 
 def parse_response_header(frame: Buffer, header_version: int) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from connect_wire.framing import (
     parse_request_header,
     parse_response_header,
     peek_request_api,
+    request_client_id,
     request_header_version,
     response_header_version,
 )
@@ -507,3 +508,30 @@ def test_response_header_matches_kios_writer(correlation_id: int, version: int) 
     buffer = io.BytesIO()
     write(buffer, cls(correlation_id=correlation_id))
     assert framing.encode_response_header(correlation_id, version) == buffer.getvalue()
+
+
+def _client_id_outcome(fn, data: bytes, flexible: bool):  # type: ignore[no-untyped-def]
+    try:
+        return fn(data, flexible)
+    except MalformedHeader:
+        return "malformed"
+
+
+def _via_full_parse(data: bytes, flexible: bool) -> tuple[str | None, int]:
+    header, offset = parse_request_header(data, flexible)
+    return header.client_id, offset
+
+
+@settings(max_examples=500)
+@given(st.one_of(
+    st.binary(max_size=40),
+    st.builds(lambda cid, tags, body, cut: (encode_request_header(10001, 0, 7, cid)[:-1]
+                                           + tagged_section(tags) + body)[:cut],
+              client_ids, st.lists(st.tuples(st.integers(0, 99), st.binary(max_size=8)), max_size=2),
+              bodies, st.integers(0, 200)),
+), st.booleans())
+def test_request_client_id_agrees_with_the_full_header_parse(data: bytes, flexible: bool) -> None:
+    """The connection's inline header read gives what parse_request_header gives, or both
+    refuse the frame."""
+    assert (_client_id_outcome(request_client_id, data, flexible)
+            == _client_id_outcome(_via_full_parse, data, flexible))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from connect_wire import codec
@@ -26,8 +25,8 @@ from connect_wire.framing import (
     FramingError,
     MalformedHeader,
     encode_response_frame,
-    parse_request_header,
     peek_request_api,
+    request_client_id,
 )
 from coordinator import logs
 from coordinator.group.coordinator import RequestContext
@@ -39,14 +38,18 @@ log = logs.get("coordinator.connection")
 MAX_PENDING = 1024
 
 
-@dataclass
 class _Slot:
-    correlation_id: int
-    header_version: int
-    api: str
-    started: float
-    frame: bytes | None = None
-    error_code: int = 0
+    """One request's place in the connection's response order."""
+
+    __slots__ = ("correlation_id", "header_version", "api", "started", "frame", "error_code")
+
+    def __init__(self, correlation_id: int, header_version: int, api: str, started: float) -> None:
+        self.correlation_id = correlation_id
+        self.header_version = header_version
+        self.api = api
+        self.started = started
+        self.frame: bytes | None = None
+        self.error_code = 0
 
 
 class Connection(asyncio.Protocol):
@@ -61,6 +64,7 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._flush_scheduled = False
         self._eof = False  # the peer half-closed: close after the pending responses
+        self._ctx = RequestContext()  # the last request's context (client id, peer): reused
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -83,13 +87,15 @@ class Connection(asyncio.Protocol):
             log.info("closing connection: bad frame", peer=self.peer, error=str(exc))
             self.close()
             return
+        if not frames:
+            return
+        now = self.last_request = time.monotonic()
         for frame in frames:
             # A frame that closed the connection (malformed header, ...) ends it: the frames
             # after it in the same chunk must not be executed (they were, writes included).
             if self.closed:
                 return
-            self.last_request = time.monotonic()
-            self._handle(frame)
+            self._handle(frame, now)
 
     def eof_received(self) -> bool | None:
         # Close once we answered what we got. Returning None closed the transport at once,
@@ -106,7 +112,7 @@ class Connection(asyncio.Protocol):
             self.closed = True
             self.transport.close()
 
-    def _handle(self, frame: bytes) -> None:
+    def _handle(self, frame: bytes, started: float) -> None:
         try:
             api_key, version, correlation_id = peek_request_api(frame)
         except MalformedHeader as exc:
@@ -114,7 +120,6 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         api = APIS.get(api_key)
-        started = time.monotonic()
         if api is None or not api.supports(version):
             # UNSUPPORTED_VERSION, answered as Kafka answers an ApiVersions it cannot serve: an
             # ApiVersionsResponse v0 listing what we support (header v0).
@@ -127,7 +132,7 @@ class Connection(asyncio.Protocol):
                        ErrorCode.UNSUPPORTED_VERSION)
             return
         try:
-            header, offset = parse_request_header(frame, api.request_header_version(version) == 2)
+            client_id, offset = request_client_id(frame, api.request_header_version(version) == 2)
         except MalformedHeader as exc:
             log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
             self.close()
@@ -149,7 +154,9 @@ class Connection(asyncio.Protocol):
                 return
             self._fill(slot, response, ErrorCode.INVALID_REQUEST)
             return
-        ctx = RequestContext(client_id=header.client_id or "", client_host=self.peer)
+        ctx = self._ctx
+        if ctx.client_id != (client_id or "") or ctx.client_host != self.peer:
+            ctx = self._ctx = RequestContext(client_id=client_id or "", client_host=self.peer)
         try:
             answer = self.server.router.dispatch(api_key, version, request, ctx)
         except Exception as exc:  # a bug must not take the daemon down

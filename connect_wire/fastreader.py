@@ -1,0 +1,212 @@
+"""Specialised readers: one straight-line Python function per entity class.
+
+The counterpart of :mod:`connect_wire.fastwriter` for untrusted input. ``codec``'s schema walker
+calls a reader closure per field and builds every entity from a dict of values; on the hot path
+(a steady heartbeat) that was a fifth of the daemon's time. ``compile_reader`` reads the same
+dataclass field metadata once and generates a function that reads the fields in order: runs
+of fixed-width fields in one precompiled ``struct.Struct.unpack_from``, varints and compact
+strings inline, nested entities and arrays through their own compiled readers.
+
+It keeps every rule of the walker (see ``codec``): unknown tagged fields are skipped at any
+depth, a null is refused where the schema does not allow one, and every declared array or
+string length is checked against the bytes left before anything is allocated. Anything it
+does not know how to compile (legacy encodings, types other than the ones our schemas use)
+makes ``compile_reader`` return None and the walker is used. The tests check that both readers
+agree on every message and record, on valid and on random or mutated input.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
+from functools import cache
+from types import NoneType, UnionType
+from typing import Any, get_args, get_origin
+
+FIXED = {
+    "bool": "B",  # then checked: only 0 and 1 (kio refuses other bytes too)
+    "int8": "b",
+    "int16": "h",
+    "int32": "i",
+    "int64": "q",
+    "uint8": "B",
+    "uint16": "H",
+    "uint32": "I",
+    "uint64": "Q",
+    "float64": "d",
+}
+
+Read = Callable[[bytes, int], tuple[Any, int]]
+
+
+class FastDecodeError(ValueError):
+    """Malformed input (``codec`` turns it into its DecodeError)."""
+
+
+def uvarint(data: bytes, offset: int) -> tuple[int, int]:
+    """An unsigned varint of at most 5 bytes (a uint32, as Kafka's readers): (value, end)."""
+    result = 0
+    shift = 0
+    while True:
+        byte = data[offset]
+        offset += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, offset
+        shift += 7
+        if shift > 28:
+            raise FastDecodeError("varint longer than 5 bytes")
+
+
+def _optional(tp: Any) -> tuple[Any, bool]:
+    if get_origin(tp) is UnionType:
+        return next(a for a in get_args(tp) if a is not NoneType), True
+    return tp, False
+
+
+def _length(var: str, nullable: bool, what: str, indent: str, lines: list[str]) -> None:
+    """Read a compact length (N+1, 0 = null) into ``var``; -1 means null."""
+    lines.append(f"{indent}{var} = data[o]")
+    lines.append(f"{indent}if {var} < 0x80:")
+    lines.append(f"{indent}    o += 1")
+    lines.append(f"{indent}else:")
+    lines.append(f"{indent}    {var}, o = uvarint(data, o)")
+    lines.append(f"{indent}{var} -= 1")
+    if not nullable:
+        lines.append(f"{indent}if {var} < 0:")
+        lines.append(f"{indent}    raise FastDecodeError({what + ' is null but not nullable'!r})")
+
+
+def _string(var: str, kafka_type: str, nullable: bool, what: str, indent: str,
+            lines: list[str]) -> None:
+    _length("n", nullable, what, indent, lines)
+    body = "data[o:e].decode()" if kafka_type == "string" else "data[o:e]"
+    if nullable:
+        lines.append(f"{indent}if n < 0:")
+        lines.append(f"{indent}    {var} = None")
+        lines.append(f"{indent}else:")
+        indent += "    "
+    lines.append(f"{indent}e = o + n")
+    lines.append(f"{indent}if e > len(data):")
+    lines.append(f"{indent}    raise FastDecodeError({what + ' is truncated'!r})")
+    lines.append(f"{indent}{var} = {body}")
+    lines.append(f"{indent}o = e")
+
+
+@cache
+def compile_reader(cls: type) -> Read | None:
+    """A reader ``(data, offset) -> (entity, end offset)`` for ``cls``, or None (use the walker)."""
+    if not getattr(cls, "__flexible__", False):
+        return None  # legacy encodings: the walker
+    namespace: dict[str, Any] = {"uvarint": uvarint, "FastDecodeError": FastDecodeError,
+                                 "cls": cls, "_BOOL": (False, True)}  # a bool byte > 1: IndexError
+    lines = ["def read(data, o):"]
+    pending: list[tuple[str, str]] = []  # (struct code, variable)
+    pending_types: list[tuple[str, str]] = []  # (kafka type, variable)
+    plain: list[str] = []
+    counter = 0
+
+    def flush() -> None:
+        nonlocal counter
+        if not pending:
+            return
+        counter += 1
+        packer = struct.Struct(">" + "".join(code for code, _ in pending))
+        namespace[f"_s{counter}"] = packer
+        targets = ", ".join(var for _, var in pending)
+        lines.append(f"    ({targets},) = _s{counter}.unpack_from(data, o)")
+        lines.append(f"    o += {packer.size}")
+        for kafka_type, var in pending_types:
+            if kafka_type == "bool":
+                lines.append(f"    {var} = _BOOL[{var}]")
+        pending.clear()
+        pending_types.clear()
+
+    for f in fields(cls):
+        tp, nullable = _optional(f.type)
+        kafka_type = f.metadata.get("kafka_type")
+        var = f"v_{f.name}"
+        what = f"field {f.name} of {cls.__name__}"
+        if "tag" in f.metadata:
+            return None  # tagged fields: the walker (none of our schemas has one yet)
+        plain.append(f.name)
+        if get_origin(tp) is tuple:
+            flush()
+            inner = get_args(tp)[0]
+            _length("n", nullable, what, "    ", lines)
+            indent = "    "
+            if nullable:
+                lines.append("    if n < 0:")
+                lines.append(f"        {var} = None")
+                lines.append("    else:")
+                indent = "        "
+            # Each item takes at least one byte: refuse a length the message cannot hold.
+            lines.append(f"{indent}if n > len(data) - o:")
+            too_many = f"{what} declares more items than the message holds"
+            lines.append(f"{indent}    raise FastDecodeError({too_many!r})")
+            lines.append(f"{indent}a = []")
+            lines.append(f"{indent}for _ in range(n):")
+            if is_dataclass(inner):
+                sub = compile_reader(inner)
+                if sub is None:
+                    return None
+                namespace[f"_r_{f.name}"] = sub
+                lines.append(f"{indent}    x, o = _r_{f.name}(data, o)")
+            elif kafka_type in FIXED:
+                packer = struct.Struct(">" + FIXED[kafka_type])
+                namespace[f"_p_{f.name}"] = packer
+                lines.append(f"{indent}    (x,) = _p_{f.name}.unpack_from(data, o)")
+                if kafka_type == "bool":
+                    lines.append(f"{indent}    x = _BOOL[x]")
+                lines.append(f"{indent}    o += {packer.size}")
+            elif kafka_type in ("string", "bytes"):
+                _string("x", kafka_type, False, what, indent + "    ", lines)
+            else:
+                return None
+            lines.append(f"{indent}    a.append(x)")
+            lines.append(f"{indent}{var} = tuple(a)")
+        elif is_dataclass(tp):
+            flush()
+            sub = compile_reader(tp)
+            if sub is None:
+                return None
+            namespace[f"_r_{f.name}"] = sub
+            if nullable:
+                lines.append("    if data[o] >= 0x80:")  # int8 -1: null
+                lines.append(f"        {var} = None")
+                lines.append("        o += 1")
+                lines.append("    else:")
+                lines.append(f"        {var}, o = _r_{f.name}(data, o + 1)")
+            else:
+                lines.append(f"    {var}, o = _r_{f.name}(data, o)")
+        elif kafka_type in FIXED and not nullable:
+            pending.append((FIXED[kafka_type], var))
+            pending_types.append((kafka_type, var))
+        elif kafka_type in ("string", "bytes"):
+            flush()
+            _string(var, kafka_type, nullable, what, "    ", lines)
+        else:
+            return None  # uuid, ...: the walker
+    flush()
+    # No tagged field is known: skip every one present (a newer peer's).
+    lines.append("    count = data[o]")
+    lines.append("    if count < 0x80:")
+    lines.append("        o += 1")
+    lines.append("    else:")
+    lines.append("        count, o = uvarint(data, o)")
+    lines.append("    for _ in range(count):")
+    lines.append("        tag, o = uvarint(data, o)")
+    lines.append("        size, o = uvarint(data, o)")
+    lines.append("        e = o + size")
+    lines.append("        if e > len(data):")
+    lines.append(f"            raise FastDecodeError('a tagged field of {cls.__name__} is truncated')")
+    lines.append("        o = e")
+    args = ", ".join(f"{name}=v_{name}" for name in plain)
+    lines.append(f"    return cls({args}), o")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<fastreader {cls.__module__}.{cls.__qualname__}>", "exec"), namespace)
+    read = namespace["read"]
+    read.__doc__ = f"Specialised reader of {cls.__qualname__}.\n\n{source}"
+    return read  # type: ignore[no-any-return]
+
