@@ -202,8 +202,20 @@ def compile_reader(cls: type) -> Read | None:
     lines.append("        if e > len(data):")
     lines.append(f"            raise FastDecodeError('a tagged field of {cls.__name__} is truncated')")
     lines.append("        o = e")
-    args = ", ".join(f"{name}=v_{name}" for name in plain)
-    lines.append(f"    return cls({args}), o")
+    slots = [cls.__dict__.get(name) for name in plain]
+    if all(type(slot).__name__ == "member_descriptor" for slot in slots):
+        # A frozen dataclass's __init__ sets each field through object.__setattr__; the slots'
+        # own descriptors give the same object in about a third of the time (no __post_init__
+        # in generated classes; equality, hash and repr only read the fields).
+        namespace["_new"] = object.__new__
+        lines.append("    r = _new(cls)")
+        for name, slot in zip(plain, slots, strict=True):
+            namespace[f"_set_{name}"] = slot.__set__  # type: ignore[union-attr]
+            lines.append(f"    _set_{name}(r, v_{name})")
+        lines.append("    return r, o")
+    else:
+        args = ", ".join(f"{name}=v_{name}" for name in plain)
+        lines.append(f"    return cls({args}), o")
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<fastreader {cls.__module__}.{cls.__qualname__}>", "exec"), namespace)
     read = namespace["read"]

@@ -300,6 +300,7 @@ class GroupCoordinator:
         self.new_member_id = member_id_factory
         self.state = state or CoordinatorState()
         self._default_timeouts = self.config.for_group({})
+        self._steady_responses: dict[tuple[int, int], Any] = {}
         self.strict = strict
         """Re-raise internal errors instead of answering UNKNOWN_SERVER_ERROR (tests)."""
 
@@ -372,10 +373,15 @@ class GroupCoordinator:
             self.config.for_group(g.configs) if g.configs else self._default_timeouts)
         deadline = now_ms + session_ms
         soft.session_deadline[member_id] = deadline
-        response = ConnectGroupHeartbeatResponse(
-            member_id=None, member_epoch=epoch, heartbeat_interval_ms=interval_ms,
-            should_compute_assignment=False, assignment=None,
-        )
+        # Responses are immutable and the same for every member at this epoch and interval.
+        response = self._steady_responses.get((epoch, interval_ms))
+        if response is None:
+            if len(self._steady_responses) >= 1024:
+                self._steady_responses.clear()
+            response = self._steady_responses[(epoch, interval_ms)] = ConnectGroupHeartbeatResponse(
+                member_id=None, member_epoch=epoch, heartbeat_interval_ms=interval_ms,
+                should_compute_assignment=False, assignment=None,
+            )
         return response, TimerOp((SESSION, g.group_id, member_id), deadline)
 
     def prepare_assignment(self, req: ConnectGroupPrepareAssignmentRequest, now_ms: int) -> Result:

@@ -37,6 +37,37 @@ if TYPE_CHECKING:
 log = logs.get("coordinator.connection")
 MAX_PENDING = 1024
 
+_Route = tuple[Any, type, bool, int]  # (API, request class, flexible request header, response header)
+_ROUTES: dict[tuple[int, int], _Route] = {}
+
+
+def _route(api_key: int, version: int) -> _Route | None:
+    """What a request of ``api_key``/``version`` needs, looked up once per pair (None:
+    unsupported)."""
+    route = _ROUTES.get((api_key, version))
+    if route is None:
+        known = APIS.get(api_key)
+        if known is None or not known.supports(version):
+            return None
+        route = _ROUTES[(api_key, version)] = (
+            known, known.request_class(version), known.request_header_version(version) == 2,
+            known.response_header_version(version))
+    return route
+
+
+class _LastBody:
+    """The last response encoded and its bytes: steady heartbeats share one immutable response
+    object per (epoch, interval), so consecutive answers usually encode the same object."""
+
+    __slots__ = ("response", "body")
+
+    def __init__(self) -> None:
+        self.response: Any = None
+        self.body = b""
+
+
+_LAST = _LastBody()
+
 
 class _Slot:
     """One request's place in the connection's response order."""
@@ -119,8 +150,9 @@ class Connection(asyncio.Protocol):
             log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
             self.close()
             return
-        api = APIS.get(api_key)
-        if api is None or not api.supports(version):
+        route = _route(api_key, version)
+        if route is None:
+            api = APIS.get(api_key)
             # UNSUPPORTED_VERSION, answered as Kafka answers an ApiVersions it cannot serve: an
             # ApiVersionsResponse v0 listing what we support (header v0).
             # One "Unknown" label for every unknown key (the metrics' api label): a label per
@@ -131,19 +163,20 @@ class Connection(asyncio.Protocol):
             self._fill(slot, self.server.router.api_versions(0, ErrorCode.UNSUPPORTED_VERSION),
                        ErrorCode.UNSUPPORTED_VERSION)
             return
+        api, request_class, flexible_header, response_header = route
         try:
-            client_id, offset = request_client_id(frame, api.request_header_version(version) == 2)
+            client_id, offset = request_client_id(frame, flexible_header)
         except MalformedHeader as exc:
             log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
             self.close()
             return
-        slot = _Slot(correlation_id, api.response_header_version(version), api.name, started)
+        slot = _Slot(correlation_id, response_header, api.name, started)
         self.pending.append(slot)
         if len(self.pending) >= MAX_PENDING and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
         try:
-            request = codec.decode(api.request_class(version), frame, offset)[0]
+            request = codec.decode(request_class, frame, offset)[0]
         except codec.DecodeError as exc:
             response = self.server.router.malformed(api_key, version, str(exc))
             if response is None:  # a Kafka API: Kafka closes the connection too
@@ -182,7 +215,12 @@ class Connection(asyncio.Protocol):
         self._fill(slot, response, int(getattr(response, "error_code", 0) or 0))
 
     def _fill(self, slot: _Slot, response: Any, error_code: int) -> None:
-        body = codec.encode(response)
+        last = _LAST
+        if response is last.response:
+            body = last.body
+        else:
+            body = codec.encode(response)
+            last.response, last.body = response, body
         slot.frame = encode_response_frame(slot.correlation_id, body, slot.header_version)
         slot.error_code = int(error_code)
         # Flush once at the end of this loop turn: every response a shard commit resolved in
