@@ -42,6 +42,9 @@ from coordinator.server.connection import Connection
 log = logs.get("coordinator.server")
 
 
+_HEARTBEAT = int(ApiKey.CONNECT_GROUP_HEARTBEAT)
+
+
 class Router:
     """API key -> handler. Connect APIs go to the group's shard; Kafka's APIs are answered here."""
 
@@ -88,6 +91,11 @@ class Router:
         return None
 
     def dispatch(self, api_key: int, version: int, req: Any, ctx: RequestContext) -> Any:
+        if api_key == _HEARTBEAT:  # the hot path first
+            shard = self.shard_of(req.group_id)
+            steady = shard.try_steady_heartbeat(req, ctx)
+            if steady is not None:
+                return steady
         s = self.server
         if api_key == ApiKey.API_VERSIONS:
             return self.api_versions(version)
@@ -104,9 +112,6 @@ class Router:
             return self._connect_describe(req)
         shard = self.shard_of(req.group_id)
         if api_key == ApiKey.CONNECT_GROUP_HEARTBEAT:
-            steady = shard.try_steady_heartbeat(req, ctx)
-            if steady is not None:
-                return steady
             error = self._hb_error(req, s.heartbeat_interval_ms)
             try:
                 return shard.heartbeat(req, ctx, error)
