@@ -19,8 +19,9 @@ Theory of operation
   :class:`~worker_client.membership.Membership`: a main loop that sends each heartbeat the
   membership asks for and carries out its actions in order (revoke = stop the items, sampled
   stop durations, then ``revoked``; assign = start them, then ``assigned_started``; lost = stop
-  everything), a watchdog (``check_session`` every 100 ms), and the chosen worker's
-  Prepare -> ``assign`` -> Install task on a second connection.
+  everything), a watchdog (``check_session`` every 100 ms), the chosen worker's
+  Prepare -> ``assign`` -> Install task on a second connection, and ``stop()``, which drains the
+  work through the loop (heartbeats go on) before it leaves.
 * **The network** keeps per-connection FIFO order; latencies are sampled per message, so
   messages on different connections reorder. A lost message resets its connection; a
   partition delays a worker's messages until it heals (TCP retransmits) or its requests time
@@ -449,6 +450,9 @@ def error_response(req: Any, code: int, now: int) -> Any:
 # == workers ================================================================================================
 
 RETRY_COORDINATOR = (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE)
+LEAVE_RETRY = (E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR)
+STOP_POLL_MS = 20
+"""worker.stop() polls every 20 ms for the drain to finish."""
 TIMER_RETRY_MS = 500
 
 
@@ -465,6 +469,9 @@ class SimWorker:
       trip), creates the instances (they run from then on and are *up* after a sampled start)
       and reports them started.
     * The watchdog fires at exactly ``last_success_ms + session timeout`` (``check_session``).
+    * A graceful stop is ``worker.stop()`` (:meth:`graceful_stop`): a Revoke of everything,
+      carried out by the loop while it keeps heartbeating, then the loop ends and the worker
+      leaves.
     """
 
     def __init__(self, sim: Simulation, slot: int) -> None:
@@ -488,6 +495,10 @@ class SimWorker:
         self.blocked = False  # the loop awaits a Lost or a sweep
         self.leave_restart: int | None = None
         self.leave_started = False
+        self.draining = False  # stop() called: its revocation of everything drains through the loop
+        self.drain_deadline = 0
+        self.stop_set = False  # stop() set worker._stop: the loop ends (no more heartbeats)
+        self.loop_exited = False  # the loop left its while: watchdog and computation cancelled
         self.queue: deque[Any] = deque()  # actions of the last response still to handle
         self.hb: Pending | None = None
         self.computing = False
@@ -528,6 +539,9 @@ class SimWorker:
         self.inc += 1
         self.alive = True
         self.leaving = False
+        self.draining = False
+        self.stop_set = False
+        self.loop_exited = False
         self.pending.clear()
         self.queue.clear()
         self.acting = None
@@ -584,41 +598,104 @@ class SimWorker:
         self.conns = {"hb": None, "ctl": None}
 
     def graceful_stop(self, restart_after: int | None) -> None:
-        """worker.stop(): end the loop (it lets a Lost, or a start or stop in progress, finish;
-        stop() waits for that at most twice the stop deadline plus 2 s), stop every instance,
-        leave (-2 for a static member, else -1), exit."""
-        sim = self.sim
+        """worker.stop(), as fixed in 3be3f0b ("stop-without-session"): the work is stopped *through
+        the loop*, which keeps heartbeating (and the watchdog keeps watching) meanwhile:
+
+        1. drain: ``_draining``; a Revoke of everything that runs or is owned is queued behind
+           what is pending and carried out by the loop as its acting task (stopping whatever
+           runs then, owned or still starting); Assigns are ignored and no computation starts
+           meanwhile. stop() polls every 20 ms until nothing runs, nothing is pending and
+           nothing is acting, or twice the stop deadline plus 2 s have passed;
+        2. ``_stop.set()``: the heartbeat in flight is cancelled and the loop ends (it finishes a
+           Lost or a sweep first, then cancels the watchdog and the computation and lets a start
+           or stop in progress finish); stop() waits for that at most twice the stop deadline
+           plus 2 s;
+        3. whatever still runs is stopped (no heartbeats any more);
+        4. leave (-2 for a static member, else -1), retried up to 3 times after a backoff when
+           the connection failed or the answer was COORDINATOR_NOT_AVAILABLE,
+           COORDINATOR_LOAD_IN_PROGRESS or NOT_COORDINATOR; then the process exits.
+
+        A paused (stop-the-world) process begins this when it wakes."""
         if not self.alive or self.leaving:
             return
         self.leaving = True
         self.leave_restart = restart_after
         self.leave_started = False
+        if self.paused:
+            self.deferred.append((1, self._begin_stop, ()))
+        else:
+            self._begin_stop()
+
+    def _begin_stop(self) -> None:
+        sim = self.sim
+        sim.trace("worker_stop", self.name, detail=f"{len(self.runs)} items")
+        self.draining = True
+        self.pending.append(Revoke(frozenset(self.runs) | self.m.owned))
+        self.drain_deadline = sim.now + 2 * self.stop_deadline + 2_000
+        self.at(sim.now + STOP_POLL_MS, self._drain_poll)
+        self.wake()
+
+    def _drain_poll(self) -> None:
+        """stop()'s ``while ... await asyncio.sleep(0.02)``."""
+        if self.stop_set:
+            return
+        if self.sim.now < self.drain_deadline and (
+                self.runs or self.pending or self.acting is not None):
+            self.at(self.sim.now + STOP_POLL_MS, self._drain_poll)
+            return
+        self.stop_set = True
         if self.hb is not None:  # the heartbeat in flight is cancelled
             self.hb.ignore = True
             self.hb = None
-        sim.trace("worker_stop", self.name, detail=f"{len(self.runs)} items")
-        self.at(sim.now + 2 * self.stop_deadline + 2_000, self._loop_ended, True)
+        self.sim.trace("worker_stop_loop", self.name,
+                       detail=f"{len(self.runs)} items still run" if self.runs else "drained")
+        self.at(self.sim.now + 2 * self.stop_deadline + 2_000, self._loop_ended, True)
         self._loop_ended()
 
     def _loop_ended(self, timed_out: bool = False) -> None:
-        if not self.leaving or self.leave_started:
+        """The loop ends once a Lost or a sweep it awaits is done: it cancels the watchdog and the
+        computation, then lets a start or stop in progress finish; stop() waits for all that at
+        most twice the stop deadline plus 2 s (``timed_out``), then stops what still runs."""
+        if not self.stop_set or self.leave_started:
             return
-        if not timed_out and (self.blocked or (self.acting is not None and not self.acting_done)):
+        if not timed_out and self.blocked:
             return  # the loop finishes that first
+        if not self.loop_exited:
+            self.loop_exited = True
+            self.wd_at = None  # watchdog.cancel()
+            self.computing = False  # self._compute.cancel()
+        if not timed_out and self.acting is not None and not self.acting_done:
+            return  # _settle_acting
         self.leave_started = True
         self._stop_all_and_leave(self.leave_restart)
 
     def _stop_all_and_leave(self, restart_after: int | None) -> None:
         done = self._stop_items(frozenset(self.runs), slow_ok=True)
-        self.at(done, self._leave, restart_after)
+        self.at(done, self._leave, restart_after, 0)
 
-    def _leave(self, restart_after: int | None) -> None:
+    def _leave(self, restart_after: int | None, attempt: int) -> None:
         m = self.m
         if not m.member_id:
             self._exit(restart_after)
             return
         req = m.leave_request(static=m.instance_id is not None)
-        self.send("ctl", req, lambda resp: self._exit(restart_after), lambda why: self._exit(restart_after))
+
+        def ok(resp: Any) -> None:
+            if resp.error_code in RETRY_COORDINATOR:
+                self.invalidate()  # the client does, on any answer with these codes
+            if resp.error_code in LEAVE_RETRY:
+                retry(f"error {resp.error_code}")
+            else:
+                self._exit(restart_after)
+
+        def retry(why: str) -> None:
+            self.sim.trace("leave_failed", self.name, detail=f"attempt {attempt + 1}: {why}")
+            if attempt < 3:
+                self.at(self.sim.now + self.backoff(), self._leave, restart_after, attempt + 1)
+            else:
+                self._exit(restart_after)
+
+        self.send("ctl", req, ok, retry)
 
     def _exit(self, restart_after: int | None) -> None:
         self.m.left()
@@ -667,7 +744,7 @@ class SimWorker:
         if self.step_at != t:
             return
         self.step_at = None
-        if self.blocked or self.hb is not None or self.leaving or self.failed or self.queue:
+        if self.blocked or self.hb is not None or self.stop_set or self.failed or self.queue:
             return
         m = self.m
         sim = self.sim
@@ -704,7 +781,7 @@ class SimWorker:
 
     def _unblock(self) -> None:
         self.blocked = False
-        if self.leaving:
+        if self.stop_set:
             self._loop_ended()
             return
         self._handle_queue()
@@ -737,7 +814,7 @@ class SimWorker:
                 sim.trace("lost", self.name, detail=f"{action.reason}; {_items_detail(action.items)}")
                 self._lose(action, block=True)
             elif isinstance(action, Compute):
-                if not self.computing:
+                if not self.computing and not self.draining:  # no computation while stopping
                     self._compute()
             elif isinstance(action, Fatal):
                 sim.trace("fatal", self.name, detail=action.message)
@@ -758,11 +835,19 @@ class SimWorker:
         self.acting = action
         self.acting_done = False
         if isinstance(action, Revoke):
-            items = action.items & m.owned
-            sim.trace("revoke", self.name, epoch=m.member_epoch, detail=_items_detail(items))
+            # What is still owned (when draining for stop(): everything that runs, owned or
+            # still starting).
+            items = action.items & (m.owned | frozenset(self.runs) if self.draining else m.owned)
+            sim.trace("revoke", self.name, epoch=m.member_epoch,
+                      detail=_items_detail(items) + (" (stopping)" if self.draining else ""))
             done = self._stop_items(items) if items else sim.now
             self.acting_until = done
             self.at(done, self._acting_finished, action, items)
+        elif self.draining:  # stop() in progress: nothing new starts; the leave releases it
+            sim.trace("assign_ignored", self.name, epoch=m.member_epoch,
+                      detail=_items_detail(action.items))
+            self.acting_until = sim.now
+            self.at(sim.now, self._acting_finished, action, frozenset())
         else:
             items = action.items & m.assigned - m.owned
             sim.trace("assign", self.name, epoch=m.member_epoch, detail=_items_detail(items))
@@ -784,7 +869,7 @@ class SimWorker:
             else:
                 self.m.assigned_started(items, now)
         self.acting_done = True
-        if self.leaving:
+        if self.stop_set:
             self._loop_ended()
             return
         self.sim.worker_settled(self)
@@ -807,11 +892,15 @@ class SimWorker:
             self.at(done, self._lost_done, lost, block)
 
     def _lose_settled(self, lost: Lost, block: bool) -> None:
+        if not block and self.loop_exited:
+            return  # the watchdog (which carries this out) was cancelled when the loop ended
         self.at(self._stop_items(frozenset(self.runs)), self._lost_done, lost, block)
 
     def _lost_done(self, lost: Lost, block: bool) -> None:
+        if not block and self.loop_exited:
+            return  # the watchdog (which carries this out) was cancelled when the loop ended
         self.m.revoked(lost.items, self.sim.now)
-        if self.leaving:
+        if self.stop_set:
             if block:
                 self.blocked = False
             self._loop_ended()
@@ -824,7 +913,7 @@ class SimWorker:
     # -- watchdog ------------------------------------------------------------------------------------------
     def arm_watchdog(self) -> None:
         last = self.m.last_success_ms
-        if last is None:
+        if last is None or self.loop_exited:
             return
         due = max(self.sim.now, last + self.sim.scenario.session_timeout_ms)
         if self.wd_at is not None and self.wd_at <= due:
@@ -833,7 +922,7 @@ class SimWorker:
         self.at(due, self._watchdog, due)
 
     def _watchdog(self, due: int) -> None:
-        if self.wd_at != due or self.leaving:  # run() cancels the watchdog when its loop ends
+        if self.wd_at != due or self.loop_exited:  # run() cancels the watchdog when its loop ends
             return
         self.wd_at = None
         sim = self.sim
@@ -904,11 +993,15 @@ class SimWorker:
             self._on_prepare, self._compute_failed)
 
     def _compute_failed(self, why: str) -> None:
+        if self.loop_exited:
+            return  # cancelled when the loop ended
         self.computing = False
         self.sim.trace("compute_abandoned", self.name, detail=why)
 
     def _on_prepare(self, prep: Any) -> None:
         sim = self.sim
+        if self.loop_exited:
+            return  # cancelled when the loop ended
         if prep.error_code:
             self.computing = False
             sim.trace("prepare_refused", self.name, detail=str(prep.error_code))
@@ -927,6 +1020,8 @@ class SimWorker:
 
     def _install(self, prep: Any, result: Any, attempt: int) -> None:
         m = self.m
+        if self.loop_exited:
+            return  # cancelled when the loop ended
         req = install_request(GROUP, m.member_id, m.member_epoch, prep.group_epoch, result)
         self.sim.trace("install", self.name, epoch=prep.group_epoch,
                        detail=f"delay={result.scheduled_rebalance_delay_ms}")
@@ -935,6 +1030,8 @@ class SimWorker:
 
     def _on_install(self, resp: Any, prep: Any, result: Any, attempt: int) -> None:
         sim = self.sim
+        if self.loop_exited:
+            return  # cancelled when the loop ended
         stale = resp.error_code in (E.FENCED_MEMBER_EPOCH, E.STALE_MEMBER_EPOCH)
         if stale and attempt < 2:
             self.at(sim.now + self.m.heartbeat_interval_ms, self._install, prep, result, attempt + 1)

@@ -187,6 +187,31 @@ def test_a_frozen_worker_is_a_zombie_the_self_fencing_handles() -> None:
     assert incremental.metrics["violation"] == "" and incremental.extra["zombie_ms"] == 0
 
 
+def test_a_graceful_stop_drains_through_the_heartbeat_loop() -> None:
+    """worker.stop() as fixed in 3be3f0b ("stop-without-session"): a revocation of everything,
+    carried out by the loop while it keeps heartbeating (keepalive, within the session), then
+    the loop ends and the worker leaves. slow-shutdown: the stops take 15 s, the session 10 s."""
+    result = run("slow-shutdown", "eager", 4, 20, 0, trace=True)
+    m = result.metrics
+    assert m["violation"] == "" and m["converged"] and m["double_running_ms"] == 0
+    ev = [e for e in result.events if e["worker"] == "w000"]
+    kinds = [e["kind"] for e in ev]
+    stop = ev[kinds.index("worker_stop")]["t_ms"]
+    revoke = next(e for e in ev if e["kind"] == "revoke" and e["t_ms"] >= stop)
+    assert str(revoke["detail"]).endswith("(stopping)")
+    loop_end = ev[kinds.index("worker_stop_loop")]
+    assert loop_end["detail"] == "drained"
+    left = ev[kinds.index("worker_left")]["t_ms"]
+    assert stop <= revoke["t_ms"] < loop_end["t_ms"] <= left
+    beats = [e["t_ms"] for e in ev if e["kind"] == "heartbeat" and stop <= e["t_ms"] <= loop_end["t_ms"]]
+    assert sum(1 for e in ev if e["kind"] == "heartbeat" and "keepalive" in str(e["detail"])
+               and revoke["t_ms"] <= e["t_ms"]) >= 3
+    session = SCENARIOS["slow-shutdown"].session_timeout_ms
+    times = [revoke["t_ms"], *beats, loop_end["t_ms"]]
+    assert max(b - a for a, b in zip(times, times[1:], strict=False)) < session  # never lapsed
+    assert loop_end["t_ms"] - revoke["t_ms"] >= SCENARIOS["slow-shutdown"].rebalance_timeout_ms // 2
+
+
 @pytest.mark.parametrize("assignor", ASSIGNORS)
 def test_random_fault_soak(assignor: str) -> None:
     workers, tasks = 4, 20
