@@ -641,6 +641,11 @@ class SimWorker:
             return
         if self.sim.now < self.drain_deadline and (
                 self.runs or self.pending or self.acting is not None):
+            if self.runs and not self.pending and self.acting is None:
+                # worker.stop(): what started after the first Revoke (an Assign that was
+                # fetching its configs) is drained by another one ("stop-during-assign").
+                self.pending.append(Revoke(frozenset(self.runs) | self.m.owned))
+                self.wake()
             self.at(self.sim.now + STOP_POLL_MS, self._drain_poll)
             return
         self.stop_set = True
@@ -850,6 +855,10 @@ class SimWorker:
             self.at(sim.now, self._acting_finished, action, frozenset())
         else:
             items = action.items & m.assigned - m.owned
+            if items and m.lease_expired(sim.now):  # worker._act: a stale assignment never starts
+                sim.trace("assign_lease_expired", self.name, epoch=m.member_epoch,
+                          detail=_items_detail(items))
+                items = frozenset()
             sim.trace("assign", self.name, epoch=m.member_epoch, detail=_items_detail(items))
             # _start_items: the connectors' configs first (Describe, one round trip), then the
             # instances are created; their plugins start in the background.

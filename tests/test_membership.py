@@ -121,6 +121,23 @@ def test_self_fencing_when_the_coordinator_is_unreachable() -> None:
     assert lost is not None and lost.items == items("A")
 
 
+def test_an_assignment_not_yet_started_is_stale_after_the_lease() -> None:
+    """Found by the simulator ("zombie-starts-stale-assignment"): a worker frozen past its
+    session handled a buffered assignment on waking and started it, although the coordinator
+    had handed the items on. Past the lease nothing starts, and the watchdog fences even a
+    member that owns nothing yet."""
+    m = Membership("g", ADS, session_timeout_ms=5000)
+    m.join(0)
+    m.heartbeat_request(0)
+    m.on_response(response(1, ("A", "A/0"), member_id="m"), 0)  # assigned, nothing started
+    assert not m.owned and m.assigned
+    assert not m.lease_expired(4999) and m.check_session(4999) is None
+    assert m.lease_expired(5000)
+    lost = m.check_session(5000)
+    assert lost is not None and lost.items == frozenset()
+    assert not m.assigned and m.member_epoch == 0  # rejoins, same id, nothing to start
+
+
 def test_lost_response_resends_everything() -> None:
     m = Membership("g", ADS)
     m.join(0)

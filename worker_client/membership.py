@@ -167,12 +167,20 @@ class Membership:
         return self.next_heartbeat_ms
 
     def check_session(self, now_ms: int) -> Lost | None:
-        """Self-fencing: no successful heartbeat for the session timeout -> stop everything."""
-        if self.last_success_ms is None or self.stopping_lost or not self.owned:
+        """Self-fencing: no successful heartbeat for the session timeout -> stop everything
+        (also when nothing runs yet but an assignment is waiting to start: it is stale)."""
+        if self.last_success_ms is None or self.stopping_lost or not (self.owned or self.assigned):
             return None
-        if now_ms - self.last_success_ms < self.session_timeout_ms:
+        if not self.lease_expired(now_ms):
             return None
         return self._lose(now_ms, "no successful heartbeat within the session timeout")
+
+    def lease_expired(self, now_ms: int) -> bool:
+        """The session lease (send time of the last successful heartbeat + session timeout) has
+        passed: the coordinator may have handed this member's work to others. Nothing may be
+        started then (found by the simulator: "zombie-starts-stale-assignment")."""
+        return (self.last_success_ms is not None
+                and now_ms - self.last_success_ms >= self.session_timeout_ms)
 
     def _lose(self, now_ms: int, reason: str) -> Lost:
         lost = self.owned

@@ -305,6 +305,13 @@ class Worker:
                 # What is still assigned and not yet run (a Lost, or a newer assignment, may
                 # have come meanwhile).
                 items = action.items & m.assigned - m.owned
+                if items and m.lease_expired(now_ms()):
+                    # A stale answer handled late (e.g. after a stop-the-world pause longer
+                    # than the session): the coordinator may have given these items away. The
+                    # watchdog fences and rejoins; nothing starts.
+                    log.warning("not starting an assignment: the session lease expired",
+                                items=_names(items), epoch=m.member_epoch)
+                    items = frozenset()
                 for a in self.assignors:
                     a.on_assignment(MemberAssignmentInfo(m.member_epoch, m.assigned, action.error,
                                                          action.metadata_version, action.metadata))
@@ -514,6 +521,12 @@ class Worker:
             deadline = loop.time() + self.stop_deadline_s * 2 + 2
             while self._running and loop.time() < deadline and (
                     self.instances or self._pending or self._acting is not None):
+                if self.instances and not self._pending and self._acting is None:
+                    # Fix (found by the simulator, "stop-during-assign"): an assignment that
+                    # was still fetching its configs when the Revoke above was queued started
+                    # its instances afterwards; drain those too, through the loop.
+                    self._pending.append(Revoke(frozenset(self.instances) | self.membership.owned))
+                    self._wake.set()
                 await asyncio.sleep(0.02)
         self._stop.set()
         if self._inflight is not None:
