@@ -2,7 +2,13 @@
 ``worker_client.membership.Membership`` state machine over ``KrpcConnection``s, with no task
 work (a revoke is acknowledged at once, an assignment "started" at once). A member chosen to
 compute runs PrepareAssignment, the real assignor, then InstallAssignment on the group's shared
-control connection. Private: used by ``throughput`` (setup) and ``convergence``."""
+control connection. Private: used by ``throughput`` (setup) and ``convergence``.
+
+For timing, every member records when its visible state (state, epoch, owned items) last
+changed (``SimMember.changed_at``, ``time.perf_counter``) and when it last sent a heartbeat
+(``sent_at``); the group counts the heartbeats sent (``heartbeats``) and the assignor's
+computations (``assign_seconds``). ``SimGroup.set_long_poll`` switches every member between
+long-polled and plain heartbeats in place."""
 
 from __future__ import annotations
 
@@ -57,6 +63,19 @@ async def alter_connectors(conn: KrpcConnection, group: str, specs: list[tuple[s
         raise RuntimeError(f"AlterConnectors: error {resp.error_code} ({resp.error_message})")
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def close_connection(conn: KrpcConnection) -> None:
+    """Close ``conn``. A cancelled member leaves its (shielded) request future behind, e.g. a
+    parked long poll: closing fails it, and nobody will look: mark it retrieved."""
+    for *_, future in list(conn._pending):
+        future.add_done_callback(_retrieved)
+    conn.close()
+
+
 class SimGroup:
     """Members of one group; ``changed`` is set whenever any member's state may have moved."""
 
@@ -73,6 +92,10 @@ class SimGroup:
         self.members: list[SimMember] = []
         self.changed = asyncio.Event()
         self.assign_seconds: list[float] = []
+        self.heartbeats = 0
+        """Heartbeat requests sent by all members so far."""
+        self.computed_at = 0.0
+        """``perf_counter`` when the last computation (Prepare, assign, Install) finished."""
 
     async def connection(self, index: int) -> KrpcConnection:
         if self.shared:
@@ -90,11 +113,30 @@ class SimGroup:
         await self.control.open(TIMEOUT_S)
 
     async def add_member(self) -> SimMember:
+        member = await self.new_member()
+        self.start(member)
+        return member
+
+    async def new_member(self) -> SimMember:
+        """A member with its connection open, not yet joining (``start`` it)."""
         index = len(self.members)
         member = SimMember(self, index, await self.connection(index))
         self.members.append(member)
-        member.task = asyncio.create_task(member.run())
         return member
+
+    def start(self, member: SimMember) -> None:
+        member.task = asyncio.create_task(member.run())
+
+    def set_long_poll(self, long_poll: bool) -> None:
+        """Switch every member between long-polled and plain heartbeats. A member going to long
+        polls heartbeats at once; one going to plain finishes its parked heartbeat first."""
+        self.long_poll = long_poll
+        now = now_ms()
+        for member in self.live():
+            member.m.long_poll = long_poll
+            if long_poll:
+                member.m.next_heartbeat_ms = min(member.m.next_heartbeat_ms, now)
+                member.wake()
 
     def live(self) -> list[SimMember]:
         return [m for m in self.members if not m.crashed]
@@ -107,21 +149,45 @@ class SimGroup:
         epoch = live[0].m.member_epoch
         if epoch < min_epoch:
             return False
+        stable = State.STABLE
+        for member in live:  # cheap checks first: this runs after every state change
+            if member.m.state != stable or member.m.member_epoch != epoch or member.computing:
+                return False
         owned: set[Any] = set()
         total = 0
         for member in live:
-            if member.m.state != State.STABLE or member.m.member_epoch != epoch or member.computing:
-                return False
             owned |= member.m.owned
             total += len(member.m.owned)
         return total == len(owned) == item_count
+
+    def settled_at(self) -> float:
+        """``perf_counter`` of the last change of any live member's state, or of the end of
+        the last computation: once ``converged`` holds, the moment the group got there."""
+        return max([self.computed_at, *(m.changed_at for m in self.live())])
+
+    def describe(self) -> str:
+        """Who is not Stable at the group's epoch (for error messages)."""
+        live = self.live()
+        epoch = self.epoch()
+        behind = [m for m in live if m.m.state != State.STABLE or m.m.member_epoch != epoch
+                  or m.computing]
+        sample = ", ".join(f"#{m.index} {m.m.state.value} epoch {m.m.member_epoch} owns "
+                           f"{len(m.m.owned)}{' computing' if m.computing else ''}"
+                           for m in behind[:5])
+        owned = sum(len(m.m.owned) for m in live)
+        return (f"{len(live)} live members, max epoch {epoch}, {owned} items owned, "
+                f"{len(behind)} not Stable at that epoch ({sample})")
 
     def epoch(self) -> int:
         live = self.live()
         return max((m.m.member_epoch for m in live), default=0)
 
-    async def wait(self, predicate: Callable[[], bool], timeout_s: float) -> float:
-        """Seconds until ``predicate()`` holds (checked after every member state change)."""
+    async def wait(self, predicate: Callable[[], bool], timeout_s: float,
+                   min_interval_s: float = 0.0) -> float:
+        """Seconds until ``predicate()`` holds (checked after member state changes, at most once
+        per ``min_interval_s``: checking a large group after each of its members' responses
+        costs this process more than the members themselves; use ``settled_at`` for when the
+        group got there)."""
         started = time.perf_counter()
         deadline = started + timeout_s
         while not predicate():
@@ -131,6 +197,8 @@ class SimGroup:
                 raise TimeoutError
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), min(left, 0.05))
+            if min_interval_s > 0:
+                await asyncio.sleep(min_interval_s)
         return time.perf_counter() - started
 
     async def close(self) -> None:
@@ -142,7 +210,7 @@ class SimGroup:
                     await member.task
         for c in [*self._pool, *(m.conn for m in self.members), self.control]:
             if c is not None:
-                c.close()
+                close_connection(c)
 
 
 class SimMember:
@@ -163,16 +231,32 @@ class SimMember:
         self.computing = False
         self._wake = asyncio.Event()
         self.error: BaseException | None = None
+        self.changed_at = time.perf_counter()
+        """When this member's (state, epoch, owned items) last changed."""
+        self.sent_at = 0.0
+        """When this member last sent a heartbeat (``perf_counter``)."""
+
+    def wake(self) -> None:
+        self._wake.set()
 
     def stop(self) -> None:
         self.crashed = True
         if self.task is not None:
             self.task.cancel()
 
-    def crash(self) -> None:
-        """Stop heartbeating at once (the coordinator notices at the session timeout)."""
+    def crash(self, close: bool = False) -> None:
+        """Stop heartbeating at once (the coordinator notices at the session timeout).
+        ``close``: also close the member's own connection, as the death of its process would
+        (not for a shared connection)."""
         self.stop()
+        if close and not self.group.shared:
+            close_connection(self.conn)
         self.group.changed.set()
+
+    def _note_change(self, before: tuple[Any, ...]) -> None:
+        m = self.m
+        if before != (m.state, m.member_epoch, m.owned):
+            self.changed_at = time.perf_counter()
 
     async def run(self) -> None:
         m = self.m
@@ -187,12 +271,17 @@ class SimMember:
                                                max(0.001, (m.next_due_ms() - now) / 1000))
                     continue
                 req = m.heartbeat_request(now)
+                self.group.heartbeats += 1
+                self.sent_at = time.perf_counter()
                 try:
                     resp = await self.conn.request(req, TIMEOUT_S + req.max_wait_ms / 1000)
                 except ConnectionFailed:
+                    before = (m.state, m.member_epoch, m.owned)
                     m.on_failure(now_ms(), 200)
+                    self._note_change(before)
                     self.conn = await self.group.connection(self.index)
                     continue
+                before = (m.state, m.member_epoch, m.owned)
                 for action in m.on_response(resp, now_ms()):
                     if isinstance(action, Revoke | Lost):
                         m.revoked(action.items, now_ms())
@@ -204,6 +293,7 @@ class SimMember:
                             asyncio.create_task(self.compute())
                     elif isinstance(action, Fatal):
                         raise RuntimeError(f"member {self.index}: {action.message}")
+                self._note_change(before)
                 self.group.changed.set()
         except asyncio.CancelledError:
             pass
@@ -235,5 +325,6 @@ class SimMember:
             m.next_heartbeat_ms = now_ms()
         finally:
             self.computing = False
+            self.group.computed_at = time.perf_counter()
             self._wake.set()
             self.group.changed.set()
