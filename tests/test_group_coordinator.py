@@ -223,6 +223,18 @@ def test_steady_heartbeat_fast_path_only_when_nothing_can_change() -> None:
     assert h.steady_hits == hits + 2
 
 
+def test_must_revoke_names_the_members_whose_target_dropped_items() -> None:
+    """The shard wakes these first after an install (their acknowledgements free the rest)."""
+    h = Harness()
+    two_workers(h)
+    c = h.coordinator
+    assert not any(c.must_revoke("g", m) for m in ("W1", "W2", "ghost"))
+    assert h.join("W3").error_code == 0
+    h.compute({"W1": ["A", "A/0"], "W2": ["B", "B/0"], "W3": ["A/1"]})
+    assert [m for m in ("W1", "W2", "W3") if c.must_revoke("g", m)] == ["W1"]
+    assert not c.must_revoke("other", "W1")
+
+
 def test_unknown_member_id() -> None:
     h = Harness()
     one_worker(h)

@@ -384,6 +384,14 @@ class GroupCoordinator:
             )
         return response, TimerOp((SESSION, g.group_id, member_id), deadline)
 
+    def must_revoke(self, group_id: str, member_id: str) -> bool:
+        """Does the member hold items its target no longer gives it (a revocation is due)?"""
+        g = self.state.groups.get(group_id)
+        cur = g.current.get(member_id) if g is not None else None
+        if g is None or cur is None or not cur.assigned:
+            return False
+        return not cur.assigned <= g.target.get(member_id, EMPTY_TARGET).items
+
     def prepare_assignment(self, req: ConnectGroupPrepareAssignmentRequest, now_ms: int) -> Result:
         return self._run(
             lambda txn: self._prepare(txn, req, now_ms),
