@@ -13,8 +13,9 @@ interleaved as a live coordinator would interleave them.
 
 Per size, two measurements, sizes interleaved (order reversed on every other repetition):
 
-* ``replay``: in this process, what a partition load does (``PartitionLog.open``, read, decode,
-  ``CoordinatorState.replay``), timed; records per second.
+* ``replay``: in this process, what a partition load does: ``PartitionLog.open`` (recovery reads
+  and checks every batch) with a ``serde.BulkLoader`` as its sink (which decodes and applies the
+  records of each valid batch as it is read), timed; records per second.
 * ``daemon``: the real daemon restarted on that log (``--partitions 1``): seconds from spawn until
   it answers a ConnectGroupDescribe without COORDINATOR_LOAD_IN_PROGRESS (Python start-up
   included), and the load time the daemon logs itself ("partition loaded", seconds).
@@ -124,18 +125,14 @@ def write_log(data_dir: Path, count: int, groups: int, members: int) -> int:
 
 
 def replay(data_dir: Path) -> tuple[float, int, int]:
-    """What a partition load does; (seconds, records, groups)."""
+    """What a partition load does: open the log with a ``serde.BulkLoader`` as the recovery
+    sink (each batch is replayed as recovery reads and checks it); (seconds, records, groups)."""
     started = time.perf_counter()
-    log, _ = PartitionLog.open(partition_dir(data_dir, 0))
     state = CoordinatorState()
-    n = 0
-    try:
-        for _offset, key, value in log.read():
-            state.replay(serde.decode_record(key, value))
-            n += 1
-    finally:
-        log.close()
-    return time.perf_counter() - started, n, len(state.groups)
+    with serde.BulkLoader(state) as loader:
+        log, _ = PartitionLog.open(partition_dir(data_dir, 0), sink=loader.add)
+    log.close()
+    return time.perf_counter() - started, loader.stats.records, len(state.groups)
 
 
 def daemon_restart(data_dir: Path, probe: str, timeout_s: float) -> tuple[float, float | None]:

@@ -38,10 +38,16 @@ class Item(NamedTuple):
 EMPTY: frozenset[Item] = frozenset()
 
 
+_new_tuple = tuple.__new__
+
+
 def items_from_wire(connectors: Iterable[str] | None, tasks: Iterable[Any] | None) -> frozenset[Item]:
     """Items from wire lists (``tasks`` holds objects with ``connector`` and ``task``)."""
-    out = {Item(c, CONNECTOR) for c in connectors or ()}
-    out.update(Item(t.connector, t.task) for t in tasks or ())
+    # tuple.__new__ builds the Item directly, without the Python-level Item.__new__: a log replay
+    # builds millions of them.
+    out = [_new_tuple(Item, (c, CONNECTOR)) for c in connectors] if connectors else []
+    if tasks:
+        out += [_new_tuple(Item, (t.connector, t.task)) for t in tasks]
     return frozenset(out)
 
 
@@ -54,4 +60,4 @@ def split_items(items: Iterable[Item]) -> tuple[list[str], list[Item]]:
 
 def connector_items(name: str, task_count: int) -> list[Item]:
     """The connector item and its tasks."""
-    return [Item(name, CONNECTOR), *(Item(name, t) for t in range(task_count))]
+    return [_new_tuple(Item, (name, t)) for t in range(CONNECTOR, max(task_count, 0))]

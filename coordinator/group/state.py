@@ -8,6 +8,11 @@ how a failed write is rolled back.
 
 Derived indexes (who owns an item now, who owns it in the target, static instance ids, which
 members are not reconciled) are updated here, incrementally, so no handler scans a group.
+
+Each record type has an ``apply_*`` method taking the record's model values (None for a
+tombstone); :meth:`CoordinatorState.replay` converts a decoded record and calls it, and a bulk
+load (:func:`coordinator.runtime.serde.replay_log`) decodes log bytes straight to model values
+and calls the same methods, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -25,7 +30,18 @@ from connect_wire.records import (
 )
 
 from . import records as rec
-from .model import Group, Item
+from .model import (
+    EMPTY,
+    ConnectorSpec,
+    CurrentAssignment,
+    Group,
+    Item,
+    MemberMetadata,
+    MemberState,
+    TargetMember,
+)
+
+_STABLE = MemberState.STABLE
 
 
 class ReplayError(ValueError):
@@ -53,73 +69,119 @@ class CoordinatorState:
             self.groups[group_id] = g
         return g
 
+    # Each ``_replay_*`` turns the record's wire value into model values and calls the matching
+    # ``apply_*``; a bulk load (coordinator.runtime.serde.replay_log) decodes straight to model
+    # values and calls the same ``apply_*``, so both paths change the state in the same way.
+
     def _replay_group_metadata(self, key: Any, value: Any) -> None:
-        if value is None:
-            g = self.groups.get(key.group_id)
-            if g is None:
-                return
-            if g.members or g.current or g.target:
-                raise ReplayError(f"group {key.group_id} deleted while it still has members")
-            del self.groups[key.group_id]
-            return
-        g = self._group(key.group_id)
-        g.epoch = value.epoch
-        g.has_metadata = True
-        self._refresh_reconciled_all(g)
+        self.apply_group_metadata(key.group_id, None if value is None else value.epoch)
 
     def _replay_connectors(self, key: Any, value: Any) -> None:
         if value is None:
-            g = self.groups.get(key.group_id)
+            self.apply_connectors(key.group_id, 0, None)
+        else:
+            self.apply_connectors(key.group_id, value.epoch, rec.connectors_from(value))
+
+    def _replay_member(self, key: Any, value: Any) -> None:
+        member = None if value is None else rec.member_from(key.member_id, value)
+        self.apply_member(key.group_id, key.member_id, member)
+
+    def _replay_target_member(self, key: Any, value: Any) -> None:
+        target = None if value is None else rec.target_from(value)
+        self.apply_target_member(key.group_id, key.member_id, target)
+
+    def _replay_target_metadata(self, key: Any, value: Any) -> None:
+        if value is None:
+            self.apply_target_metadata(key.group_id, None)
+        else:
+            self.apply_target_metadata(key.group_id, (
+                value.assignment_epoch, value.error, value.assignor_state, value.scheduled_rebalance_at_ms))
+
+    def _replay_current(self, key: Any, value: Any) -> None:
+        if value is None:
+            self.apply_current(key.group_id, key.member_id, None, EMPTY)
+        else:
+            c = rec.current_from(value)
+            self.apply_current(key.group_id, key.member_id, c, _owned(c))
+
+    def _replay_configuration(self, key: Any, value: Any) -> None:
+        configs = None if value is None else {c.name: c.value for c in value.configs}
+        self.apply_configuration(key.group_id, configs)
+
+    # -- apply: one record's model values (None: a tombstone) --------------------------------
+    def apply_group_metadata(self, group_id: str, epoch: int | None) -> None:
+        if epoch is None:
+            g = self.groups.get(group_id)
+            if g is None:
+                return
+            if g.members or g.current or g.target:
+                raise ReplayError(f"group {group_id} deleted while it still has members")
+            del self.groups[group_id]
+            return
+        g = self._group(group_id)
+        g.epoch = epoch
+        g.has_metadata = True
+        self._refresh_reconciled_all(g)
+
+    def apply_connectors(
+        self, group_id: str, epoch: int, connectors: dict[str, ConnectorSpec] | None
+    ) -> None:
+        if connectors is None:
+            g = self.groups.get(group_id)
             if g is not None:
                 g.connectors = {}
                 g.configured = set()
                 g.connectors_epoch = 0
             return
-        g = self._group(key.group_id)
-        g.connectors = rec.connectors_from(value)
-        g.connectors_epoch = value.epoch
-        g.configured = {i for c in g.connectors.values() for i in c.items()}
+        g = self._group(group_id)
+        g.connectors = connectors
+        g.connectors_epoch = epoch
+        g.configured = {i for c in connectors.values() for i in c.items()}
 
-    def _replay_member(self, key: Any, value: Any) -> None:
-        g = self.groups.get(key.group_id) if value is None else self._group(key.group_id)
+    def apply_member(self, group_id: str, member_id: str, m: MemberMetadata | None) -> None:
+        g = self.groups.get(group_id) if m is None else self._group(group_id)
         if g is None:
             return
         # The assignor selection and the eligible computing members are cached per group epoch;
         # a member record can change them without an epoch bump (a static member replaced by a
         # new member id) and a rollback replays member records too: drop the cache.
         g.soft.selection_epoch = -1
-        old = g.members.get(key.member_id)
+        old = g.members.get(member_id)
         if old is not None and old.instance_id is not None:
-            if g.static_members.get(old.instance_id) == key.member_id:
+            if g.static_members.get(old.instance_id) == member_id:
                 del g.static_members[old.instance_id]
-        if value is None:
-            g.members.pop(key.member_id, None)
-            g.unreconciled.discard(key.member_id)
+        if m is None:
+            g.members.pop(member_id, None)
+            g.unreconciled.discard(member_id)
             return
-        m = rec.member_from(key.member_id, value)
-        g.members[key.member_id] = m
+        g.members[member_id] = m
         if m.instance_id is not None:
-            g.static_members[m.instance_id] = key.member_id
-        self._refresh_reconciled(g, key.member_id)
+            g.static_members[m.instance_id] = member_id
+        self._refresh_reconciled(g, member_id)
 
-    def _replay_target_member(self, key: Any, value: Any) -> None:
-        g = self.groups.get(key.group_id) if value is None else self._group(key.group_id)
+    def apply_target_member(self, group_id: str, member_id: str, t: TargetMember | None) -> None:
+        g = self.groups.get(group_id)
         if g is None:
-            return
-        old = g.target.pop(key.member_id, None)
-        if old is not None:
+            if t is None:
+                return
+            g = self._group(group_id)
+        target_owner = g.target_owner
+        old = g.target.pop(member_id, None)
+        if old is not None and (t is None or (old.items is not t.items and old.items != t.items)):
             for item in old.items:
-                if g.target_owner.get(item) == key.member_id:
-                    del g.target_owner[item]
-        if value is None:
+                if target_owner.get(item) == member_id:
+                    del target_owner[item]
+        # (the same items: the loop below maps each of them to member_id again, as deleting
+        # them first would)
+        if t is None:
             return
-        t = rec.target_from(value)
-        g.target[key.member_id] = t
+        g.target[member_id] = t
         for item in t.items:
-            g.target_owner[item] = key.member_id
+            target_owner[item] = member_id
 
-    def _replay_target_metadata(self, key: Any, value: Any) -> None:
-        g = self.groups.get(key.group_id) if value is None else self._group(key.group_id)
+    def apply_target_metadata(self, group_id: str, value: tuple[int, int, bytes, int] | None) -> None:
+        """``value``: (assignment epoch, error, assignor state, scheduled rebalance at ms)."""
+        g = self.groups.get(group_id) if value is None else self._group(group_id)
         if g is None:
             return
         if value is None:
@@ -129,47 +191,62 @@ class CoordinatorState:
             g.scheduled_rebalance_at_ms = -1
             g.has_target_metadata = False
         else:
-            g.assignment_epoch = value.assignment_epoch
-            g.assignment_error = value.error
-            g.assignor_state = value.assignor_state
-            g.scheduled_rebalance_at_ms = value.scheduled_rebalance_at_ms
+            (g.assignment_epoch, g.assignment_error, g.assignor_state,
+             g.scheduled_rebalance_at_ms) = value
             g.has_target_metadata = True
         self._refresh_reconciled_all(g)
 
-    def _replay_current(self, key: Any, value: Any) -> None:
-        g = self.groups.get(key.group_id) if value is None else self._group(key.group_id)
+    def apply_current(
+        self, group_id: str, member_id: str, c: CurrentAssignment | None, owned: frozenset[Item]
+    ) -> None:
+        """``owned`` must equal ``c.owned`` (EMPTY for a tombstone): callers that know it already
+        (a bulk load caches it per distinct assignment) save building it again."""
+        g = self.groups.get(group_id)
         if g is None:
-            return
-        # FIX (tests): refuse a double owner *before* touching the state. The check used to run
-        # after the member's old assignment had been removed, so a refused record left the
-        # member without its current assignment (and the coordinator's rollback, which only
-        # undoes completed writes, could not restore it).
-        c = rec.current_from(value) if value is not None else None
-        if c is not None:
-            for item in c.owned:
-                holder = g.owner.get(item)
-                if holder is not None and holder != key.member_id:
-                    raise ReplayError(
-                        f"group {key.group_id}: {item} owned by {holder} and {key.member_id}"
-                    )
-        old = g.current.pop(key.member_id, None)
+            if c is None:
+                return
+            g = self._group(group_id)
+        current = g.current
+        old = current.get(member_id)
+        # The owner index always maps exactly the items of every member's owned set to that
+        # member (the check below refuses a second owner), so a record that keeps the member's
+        # owned items (most do: an epoch or state change) leaves the index as it is.
+        if old is None:
+            old_owned = EMPTY
+        else:
+            old_owned = old.assigned | old.revoking if old.revoking else old.assigned
+        if owned is not old_owned and owned != old_owned:
+            owner = g.owner
+            # FIX (tests): refuse a double owner *before* touching the state. The check used to
+            # run after the member's old assignment had been removed, so a refused record left
+            # the member without its current assignment (and the coordinator's rollback, which
+            # only undoes completed writes, could not restore it).
+            for item in owned:
+                holder = owner.get(item)
+                if holder is not None and holder != member_id:
+                    raise ReplayError(f"group {group_id}: {item} owned by {holder} and {member_id}")
+            for item in old_owned:
+                if owner.get(item) == member_id:
+                    del owner[item]
+            for item in owned:
+                owner[item] = member_id
         if old is not None:
-            for item in old.owned:
-                if g.owner.get(item) == key.member_id:
-                    del g.owner[item]
+            del current[member_id]  # re-inserted last, as replay always did
         if c is None:
-            g.unreconciled.discard(key.member_id)
+            g.unreconciled.discard(member_id)
             return
-        g.current[key.member_id] = c
-        for item in c.owned:
-            g.owner[item] = key.member_id
-        self._refresh_reconciled(g, key.member_id)
+        current[member_id] = c
+        # _refresh_reconciled, inlined (Group.is_reconciled of c)
+        if member_id in g.members and not (c.state == _STABLE and c.epoch == g.assignment_epoch):
+            g.unreconciled.add(member_id)
+        else:
+            g.unreconciled.discard(member_id)
 
-    def _replay_configuration(self, key: Any, value: Any) -> None:
-        g = self.groups.get(key.group_id) if value is None else self._group(key.group_id)
+    def apply_configuration(self, group_id: str, configs: dict[str, str | None] | None) -> None:
+        g = self.groups.get(group_id) if configs is None else self._group(group_id)
         if g is None:
             return
-        g.configs = {} if value is None else {c.name: c.value for c in value.configs}
+        g.configs = {} if configs is None else configs
 
     # -- indexes ----------------------------------------------------------------------------------
     @staticmethod
@@ -182,7 +259,13 @@ class CoordinatorState:
     @staticmethod
     def _refresh_reconciled_all(g: Group) -> None:
         # Runs when an epoch changes: O(members), never on a steady heartbeat.
-        g.unreconciled = {m for m in g.members if not g.is_reconciled(m)}
+        # (Group.is_reconciled, inlined)
+        current = g.current.get
+        epoch = g.assignment_epoch
+        g.unreconciled = {
+            m for m in g.members
+            if (c := current(m)) is None or c.state != _STABLE or c.epoch != epoch
+        }
 
     # -- undo -------------------------------------------------------------------------------------
     def current_record(self, key: Any) -> rec.Record:
@@ -220,6 +303,11 @@ class CoordinatorState:
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """The durable state of every group, for equality checks."""
         return {gid: g.durable() for gid, g in self.groups.items()}
+
+
+def _owned(c: CurrentAssignment) -> frozenset[Item]:
+    """``c.owned``, without building a new set when nothing is being revoked."""
+    return c.assigned | c.revoking if c.revoking else c.assigned
 
 
 def owned_items(g: Group, member_id: str) -> frozenset[Item]:

@@ -170,6 +170,7 @@ CORRUPT_DIR = "corrupt"
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 WriteFn = Callable[[int, memoryview], int]
+RecordSink = Callable[[list[tuple[bytes, bytes | None]]], None]
 FsyncFn = Callable[[int], None]
 
 
@@ -374,11 +375,12 @@ class _Batch:
     size: int  # bytes on disk, header included
     base_offset: int
     timestamp_ms: int
-    records: list[tuple[bytes, bytes | None]]
+    records: list[tuple[bytes, bytes | None]]  # empty when read with parse=False
+    count: int  # number of records
 
     @property
     def next_offset(self) -> int:
-        return self.base_offset + len(self.records)
+        return self.base_offset + self.count
 
 
 def _encode_batch(
@@ -412,32 +414,58 @@ def _parse_records(body: bytes, count: int) -> list[tuple[bytes, bytes | None]]:
     unpack_i32 = _I32.unpack_from
     pos = MIN_LENGTH
     records: list[tuple[bytes, bytes | None]] = []
+    append = records.append
     for i in range(count):
         if end - pos < MIN_RECORD_SIZE:
             raise _Invalid(Corruption.BAD_FRAMING, f"record {i} starts past the end of the batch")
         (key_len,) = unpack_u32(body, pos)
-        pos += 4
-        if key_len > end - pos - 4:
+        start = pos + 4
+        key_end = start + key_len
+        if key_end > end - 4:
             raise _Invalid(Corruption.BAD_FRAMING, f"record {i}: key length {key_len} overruns the batch")
-        key = body[pos : pos + key_len]
-        pos += key_len
-        (value_len,) = unpack_i32(body, pos)
-        pos += 4
+        (value_len,) = unpack_i32(body, key_end)
+        pos = key_end + 4
         if value_len == -1:
-            value = None
+            append((body[start:key_end], None))
         elif value_len < 0 or value_len > end - pos:
             raise _Invalid(Corruption.BAD_FRAMING, f"record {i}: bad value length {value_len}")
         else:
-            value = body[pos : pos + value_len]
-            pos += value_len
-        records.append((key, value))
+            value_end = pos + value_len
+            append((body[start:key_end], body[pos:value_end]))
+            pos = value_end
     if pos != end:
         raise _Invalid(Corruption.BAD_FRAMING, f"{end - pos} trailing bytes after {count} records")
     return records
 
 
-def _read_batch(f: BinaryIO, position: int, remaining: int) -> _Batch | None:
-    """Read the batch at the current position of ``f``; None at a clean end; _Invalid if bad."""
+def _check_records(body: bytes, count: int) -> None:
+    """What :func:`_parse_records` checks (same errors), without building the records."""
+    end = len(body)
+    if count * MIN_RECORD_SIZE > end - MIN_LENGTH:
+        raise _Invalid(Corruption.BAD_FRAMING, f"{count} records cannot fit in {end - MIN_LENGTH} bytes")
+    unpack_u32 = _U32.unpack_from
+    unpack_i32 = _I32.unpack_from
+    pos = MIN_LENGTH
+    for i in range(count):
+        if end - pos < MIN_RECORD_SIZE:
+            raise _Invalid(Corruption.BAD_FRAMING, f"record {i} starts past the end of the batch")
+        (key_len,) = unpack_u32(body, pos)
+        pos += 4 + key_len
+        if pos > end - 4:
+            raise _Invalid(Corruption.BAD_FRAMING, f"record {i}: key length {key_len} overruns the batch")
+        (value_len,) = unpack_i32(body, pos)
+        pos += 4
+        if value_len != -1:
+            if value_len < 0 or value_len > end - pos:
+                raise _Invalid(Corruption.BAD_FRAMING, f"record {i}: bad value length {value_len}")
+            pos += value_len
+    if pos != end:
+        raise _Invalid(Corruption.BAD_FRAMING, f"{end - pos} trailing bytes after {count} records")
+
+
+def _read_batch(f: BinaryIO, position: int, remaining: int, parse: bool = True) -> _Batch | None:
+    """Read the batch at the current position of ``f``; None at a clean end; _Invalid if bad.
+    ``parse=False``: check the records but do not build them (``records`` is left empty)."""
     if remaining <= 0:
         return None
     if remaining < PREFIX_SIZE:
@@ -464,8 +492,12 @@ def _read_batch(f: BinaryIO, position: int, remaining: int) -> _Batch | None:
     base_offset, timestamp_ms, count = _FIXED.unpack_from(body)
     if base_offset + count > MAX_OFFSET:
         raise _Invalid(Corruption.BAD_OFFSET, f"base offset {base_offset} out of range")
-    records = _parse_records(body, count)
-    return _Batch(position, PREFIX_SIZE + length, base_offset, timestamp_ms, records)
+    if parse:
+        records = _parse_records(body, count)
+    else:
+        _check_records(body, count)
+        records = []
+    return _Batch(position, PREFIX_SIZE + length, base_offset, timestamp_ms, records, count)
 
 
 def _iter_batches(f: BinaryIO, limit: int, path: Path) -> Iterator[_Batch]:
@@ -492,14 +524,19 @@ class _Scan:
     error_offset: int  # the offset expected at the error (= next_offset)
 
 
-def _scan_segment(path: Path, base_offset: int, end_limit: int | None = None) -> _Scan:
+def _scan_segment(
+    path: Path, base_offset: int, end_limit: int | None = None, sink: RecordSink | None = None
+) -> _Scan:
+    """Check the batches of ``path`` up to the first invalid one. ``sink``: called with the
+    records of each valid batch, in order (see :meth:`PartitionLog.open`)."""
     size = os.path.getsize(path)
     expected = base_offset
     batches = records = position = 0
+    parse = sink is not None
     with open(path, "rb", buffering=_READ_BUFFER) as f:
         while True:
             try:
-                batch = _read_batch(f, position, size - position)
+                batch = _read_batch(f, position, size - position, parse=parse)
                 if batch is not None and batch.base_offset < expected:
                     raise _Invalid(
                         Corruption.BAD_OFFSET,
@@ -511,10 +548,12 @@ def _scan_segment(path: Path, base_offset: int, end_limit: int | None = None) ->
                 return _Scan(position, expected, batches, records, exc, expected)
             if batch is None:
                 return _Scan(position, expected, batches, records, None, expected)
+            if sink is not None:
+                sink(batch.records)
             expected = batch.next_offset
             position += batch.size
             batches += 1
-            records += len(batch.records)
+            records += batch.count
 
 
 # -- file system helpers ------------------------------------------------------------------------
@@ -599,12 +638,22 @@ class PartitionLog:
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         write_fn: WriteFn = os.write,
         fsync_fn: FsyncFn = os.fsync,
+        sink: RecordSink | None = None,
     ) -> tuple[PartitionLog, RecoveryReport]:
         """Open (creating if needed) the log in ``directory``, recovering it first.
 
         ``write_fn(fd, data) -> written`` and ``fsync_fn(fd)`` default to ``os.write`` and
         ``os.fsync``; tests inject failing ones (the file system underneath stays real).
         Raises only OSError for real I/O problems, never because of the files' content.
+
+        ``sink``, if given, is called with the (key, value) records of every batch recovery
+        finds valid, in log order, as recovery reads them: exactly the records the log holds
+        once open() returns (recovery cuts the log at its first invalid batch and never passes
+        that batch or anything after it). A load replays them there and then, and so reads the
+        log once instead of twice (open(), then :meth:`read_batches`); see
+        :class:`coordinator.runtime.serde.BulkLoader`. What the sink raises propagates: the log
+        is not opened, and recovery has changed nothing on disk yet but what it always does
+        first (finish committed compactions, remove unfinished ones).
         """
         if segment_bytes <= 0:
             raise ValueError(f"segment_bytes must be > 0, got {segment_bytes}")
@@ -617,7 +666,7 @@ class PartitionLog:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         report = RecoveryReport(directory=str(path))
-        segments, next_offset = _recover(path, report, fsync_fn)
+        segments, next_offset = _recover(path, report, fsync_fn, sink)
         self = cls(
             path,
             segments,
@@ -869,6 +918,24 @@ class PartitionLog:
                         if offset >= from_offset:
                             yield offset, key, value
                         offset += 1
+        finally:
+            for _, _, f in opened:
+                f.close()
+
+    def read_batches(self) -> Iterator[list[tuple[bytes, bytes | None]]]:
+        """The (key bytes, value bytes or None) of every record, one list per batch, in log
+        order, as of this call: :meth:`read` from offset 0 without the offsets, for a bulk load
+        (:func:`coordinator.runtime.serde.replay_log`)."""
+        return self._read_batches(self._snapshot())
+
+    @staticmethod
+    def _read_batches(
+        opened: list[tuple[_Segment, int, BinaryIO]],
+    ) -> Iterator[list[tuple[bytes, bytes | None]]]:
+        try:
+            for segment, limit, f in opened:
+                for batch in _iter_batches(f, limit, segment.path):
+                    yield batch.records
         finally:
             for _, _, f in opened:
                 f.close()
@@ -1129,7 +1196,9 @@ def _move_to_corrupt(path: Path, corrupt: Path, report: RecoveryReport) -> None:
     report.corrupt_files.append(str(target.relative_to(corrupt.parent)))
 
 
-def _recover(directory: Path, report: RecoveryReport, fsync_fn: FsyncFn) -> tuple[list[_Segment], int]:
+def _recover(
+    directory: Path, report: RecoveryReport, fsync_fn: FsyncFn, sink: RecordSink | None = None
+) -> tuple[list[_Segment], int]:
     corrupt = directory / CORRUPT_DIR
     changed = False
 
@@ -1181,7 +1250,7 @@ def _recover(directory: Path, report: RecoveryReport, fsync_fn: FsyncFn) -> tupl
                 )
             _truncate(directory, report, found, i, 0, next_offset, error, fsync_fn)
             break
-        scan = _scan_segment(path, base)
+        scan = _scan_segment(path, base, sink=sink)
         report.batches += scan.batches
         report.records += scan.records
         report.valid_bytes += scan.valid_size
