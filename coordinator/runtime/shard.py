@@ -173,16 +173,18 @@ class Shard:
 
     def _load_blocking(self) -> None:
         self.loaded_records = 0
-        self.log, self.recovery = PartitionLog.open(self.directory, segment_bytes=self.segment_bytes)
-        for _offset, key, value in self.log.read():
-            try:
-                record = serde.decode_record(key, value)
-            except serde.UnknownRecordType as exc:
-                self.skipped_records += 1
-                log.warning("skipping unknown record type", partition=self.partition, error=str(exc))
-                continue
-            self.core.replay(record)
-            self.loaded_records += 1
+
+        def skip(exc: serde.UnknownRecordType) -> None:
+            log.warning("skipping unknown record type", partition=self.partition, error=str(exc))
+
+        # Each batch is replayed as recovery reads and checks it: the log is read once
+        # (serde.BulkLoader: tests/test_replay_bulk.py checks it against record-by-record replay).
+        with serde.BulkLoader(self.core.state, on_unknown=skip) as loader:
+            self.log, self.recovery = PartitionLog.open(
+                self.directory, segment_bytes=self.segment_bytes, sink=loader.add
+            )
+        self.loaded_records = loader.stats.applied
+        self.skipped_records += loader.stats.skipped
         self._bytes_gauge.set(self.log.size_bytes)
 
     async def close(self) -> None:
