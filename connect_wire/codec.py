@@ -13,7 +13,9 @@ fields carry ``kafka_type``/``tag`` metadata; see ``tools/codegen.py``). kio ser
   field; and it reserves memory for a declared array length before reading any item, so a
   22-byte frame declaring 2**32-1 items aborts the whole process. The walker skips unknown
   tags, rejects nulls where the schema forbids them, and checks every declared array length
-  against the bytes left (each item takes at least one byte) before anything is read.
+  against the bytes left (each item takes at least one byte) before anything is read. The
+  same rules are compiled into straight-line code per class (``connect_wire.fastreader``),
+  which ``decode`` uses when it can be built; tests check it agrees with the walker.
 * **Encoding** uses a writer compiled once per entity class from the same field metadata
   (``connect_wire.fastwriter``) when one can be built, else kio's generic ``entity_writer``.
   Both produce identical bytes; see the tests and the benchmark in ``bench/``.
