@@ -21,21 +21,14 @@ import struct
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from functools import cache
-from types import NoneType, UnionType
 from typing import Any, get_args, get_origin
 
-FIXED = {
-    "bool": "B",  # then checked: only 0 and 1 (kio refuses other bytes too)
-    "int8": "b",
-    "int16": "h",
-    "int32": "i",
-    "int64": "q",
-    "uint8": "B",
-    "uint16": "H",
-    "uint32": "I",
-    "uint64": "Q",
-    "float64": "d",
-}
+from connect_wire.fastwriter import FIXED as _WRITER_FIXED
+from connect_wire.fastwriter import _optional
+
+# The writer's struct codes, except bool: read as an unsigned byte, then checked to be 0 or 1
+# (kio refuses other bytes too; struct's "?" would read 2 as True).
+FIXED = {**_WRITER_FIXED, "bool": "B"}
 
 Read = Callable[[bytes, int], tuple[Any, int]]
 
@@ -57,12 +50,6 @@ def uvarint(data: bytes, offset: int) -> tuple[int, int]:
         shift += 7
         if shift > 28:
             raise FastDecodeError("varint longer than 5 bytes")
-
-
-def _optional(tp: Any) -> tuple[Any, bool]:
-    if get_origin(tp) is UnionType:
-        return next(a for a in get_args(tp) if a is not NoneType), True
-    return tp, False
 
 
 def _length(var: str, nullable: bool, what: str, indent: str, lines: list[str]) -> None:
