@@ -81,24 +81,29 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _find_redis() -> str | None:
+    return shutil.which("redis-server") or next(
+        (p for p in REDIS_CANDIDATES if os.access(p, os.X_OK)), None)
+
+
 def redis_binary() -> str:
     """Debian's redis-server; installed with apt-get when it is missing and we are root."""
-    found = shutil.which("redis-server") or next((p for p in REDIS_CANDIDATES if os.access(p, os.X_OK)),
-                                                 None)
+    found = _find_redis()
     if found:
         return found
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         raise Unavailable("redis-server is not installed and this is not root: install it "
                           "(`sudo apt-get install -y redis-server`) and run again")
-    print("bench peers: redis-server not found; running apt-get install -y redis-server", flush=True)
+    # On stderr: stdout is the table (the smoke test reads it from its first line).
+    print("bench peers: redis-server not found; running apt-get install -y redis-server",
+          file=sys.stderr, flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "--no-install-recommends", "redis-server"]
     done = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:  # a fresh machine may have no package lists yet
         subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env, check=False)
         done = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
-    found = shutil.which("redis-server") or next((p for p in REDIS_CANDIDATES if os.access(p, os.X_OK)),
-                                                 None)
+    found = _find_redis()
     if done.returncode != 0 or not found:
         raise Unavailable(f"apt-get install redis-server failed ({done.returncode}):\n"
                           f"{(done.stdout + done.stderr)[-2000:]}")
