@@ -2,12 +2,10 @@
 expected shape. Only the structure is checked, never the timings."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 ROW_KEYS = {
     "assignor", "scenario", "workers", "tasks", "connectors", "seconds", "peak_mib", "state_bytes",
@@ -16,13 +14,7 @@ ROW_KEYS = {
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )}
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False,
-    )
+    return run_bench(*args, timeout=120)
 
 
 def test_bench_assignors_smoke(tmp_path: Path) -> None:

@@ -3,12 +3,10 @@
 structure is checked, never the timings."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 ROW_KEYS = {
     "members", "event", "mode", "ms", "rtt_us", "apiversions_rtt_us", "echo_rtt_us", "rtts",
@@ -19,14 +17,7 @@ ROW_KEYS = {
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )}
-    env = {k: v for k, v in env.items() if not k.startswith("CONNECT_COORDINATOR_")}
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=180, check=False,
-    )
+    return run_bench(*args, timeout=180)
 
 
 def test_bench_convergence_smoke(tmp_path: Path) -> None:

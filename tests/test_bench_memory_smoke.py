@@ -3,12 +3,10 @@ them (and forms a tiny group through the wire), and writes rows of the expected 
 structure is checked, never the sizes: at a few members the RSS differences are noise."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 ROW_KEYS = {
     "source", "members", "tasks_per_member", "tasks", "items", "rss_kib", "delta_kib",
@@ -22,14 +20,7 @@ DERIVED_KEYS = {
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )}
-    env = {k: v for k, v in env.items() if not k.startswith("CONNECT_COORDINATOR_")}
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=180, check=False,
-    )
+    return run_bench(*args, timeout=180)
 
 
 def test_bench_memory_smoke(tmp_path: Path) -> None:

@@ -5,14 +5,11 @@ root). Only the structure is checked, never the timings; the record analysis it 
 checked on hand-made records."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from bench import _records
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 ROW_KEYS = {"scenario", "system", "workers", "tasks", "covered_after_s", "not_converged", "moves",
             "min_moves", "double_owned_s", "double_owned_s_max", "double_owned_tasks", "downtime_s",
@@ -24,14 +21,7 @@ RUN_KEYS = {"variant", "scenario", "tag", "victim", "victim_tasks", "event_ts", 
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )}
-    env = {k: v for k, v in env.items() if not k.startswith("CONNECT_COORDINATOR_")}
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300, check=False,
-    )
+    return run_bench(*args, timeout=300)
 
 
 def test_bench_peers_smoke(tmp_path: Path) -> None:

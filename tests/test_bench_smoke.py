@@ -4,12 +4,10 @@ Only the structure is checked, never the timings.
 """
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 CASES = ["hb_request_join", "hb_request_steady", "hb_response_assignment", "hb_response_empty"]
 ROW_KEYS = {
@@ -18,13 +16,7 @@ ROW_KEYS = {
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )}
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False,
-    )
+    return run_bench(*args, timeout=120)
 
 
 def test_bench_codec_smoke(tmp_path: Path) -> None:

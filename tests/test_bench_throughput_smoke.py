@@ -3,26 +3,17 @@ the echo server and writes rows of the expected shape. Only the structure is che
 rates or latencies."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 ROW_KEYS = {"server", "connections", "members", "in_flight", "per_second", "p50_us", "p99_us", "runs",
             "checked"}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )}
-    env = {k: v for k, v in env.items() if not k.startswith("CONNECT_COORDINATOR_")}
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=180, check=False,
-    )
+    return run_bench(*args, timeout=180)
 
 
 def test_bench_throughput_smoke(tmp_path: Path) -> None:
