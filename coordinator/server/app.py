@@ -91,12 +91,17 @@ class Router:
         return None
 
     def dispatch(self, api_key: int, version: int, req: Any, ctx: RequestContext) -> Any:
+        s = self.server
         if api_key == _HEARTBEAT:  # the hot path first
             shard = self.shard_of(req.group_id)
             steady = shard.try_steady_heartbeat(req, ctx)
             if steady is not None:
                 return steady
-        s = self.server
+            error = self._hb_error(req, s.heartbeat_interval_ms)
+            try:
+                return shard.heartbeat(req, ctx, error)
+            except ShardUnavailable as exc:
+                return error(exc.code, exc.message)
         if api_key == ApiKey.API_VERSIONS:
             return self.api_versions(version)
         if api_key == ApiKey.METADATA:
@@ -111,12 +116,6 @@ class Router:
         if api_key == ApiKey.CONNECT_GROUP_DESCRIBE:
             return self._connect_describe(req)
         shard = self.shard_of(req.group_id)
-        if api_key == ApiKey.CONNECT_GROUP_HEARTBEAT:
-            error = self._hb_error(req, s.heartbeat_interval_ms)
-            try:
-                return shard.heartbeat(req, ctx, error)
-            except ShardUnavailable as exc:
-                return error(exc.code, exc.message)
         error = self._error(api_key)
         if api_key == ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT:
             fn = lambda core, now: core.prepare_assignment(req, now)  # noqa: E731
