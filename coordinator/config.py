@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.group.config import ConfigError, GroupCoordinatorConfig
+from coordinator.group.config import MAX_TASKS_CEILING, ConfigError, GroupCoordinatorConfig
 from coordinator.runtime.log import FsyncPolicy
 
 ENV_PREFIX = "CONNECT_COORDINATOR_"
@@ -147,6 +147,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Upper bound of the heartbeat interval.", _positive),
     Setting("group.connect.max.size", int, _G.max_size,
             "Maximum members per group (GROUP_MAX_SIZE_REACHED beyond).", _positive),
+    Setting("group.connect.max.tasks", int, _G.max_tasks,
+            f"Most items (connectors plus their tasks) one group may configure; "
+            f"ConnectGroupAlterConnectors beyond it gets INVALID_REQUEST. At most {MAX_TASKS_CEILING:,}.",
+            lambda v: None if 1 <= v <= MAX_TASKS_CEILING else f"must be within [1, {MAX_TASKS_CEILING}]"),
     Setting("group.connect.empty.group.retention.ms", int, _G.empty_group_retention_ms,
             "A group with no members and no connectors is deleted after this long.",
             _non_negative),
@@ -205,6 +209,7 @@ class ServerConfig:
             min_heartbeat_interval_ms=self["group.connect.min.heartbeat.interval.ms"],
             max_heartbeat_interval_ms=self["group.connect.max.heartbeat.interval.ms"],
             max_size=self["group.connect.max.size"],
+            max_tasks=self["group.connect.max.tasks"],
             empty_group_retention_ms=self["group.connect.empty.group.retention.ms"],
         )
 

@@ -1172,6 +1172,7 @@ def _spec(name: str, count: int = 1, config: tuple[tuple[str, str | None], ...] 
         (_alter_request((_spec("a/b"),)), "must not contain '/'"),
         (_alter_request((_spec("A"), _spec("A", 2))), "Connector A is listed twice"),
         (_alter_request((_spec("A", -1),)), "Connector A: TaskCount must be >= 0"),
+        (_alter_request((_spec("A", 2**31 - 1),)), "group.connect.max.tasks is 100000"),
         (_alter_request((_spec("A", 1, (("", "v"),)),)), "config names must be non-empty and unique"),
         (_alter_request((_spec("A", 1, (("k", "1"), ("k", "2"))),)),
          "config names must be non-empty and unique"),
@@ -1186,6 +1187,29 @@ def test_alter_connectors_bad_input(req: ConnectGroupAlterConnectorsRequest, mes
     r = h.apply(h.coordinator.alter_connectors(req, h.now))
     assert r.error_code == E.INVALID_REQUEST and message in r.error_message
     assert (len(h.log), dict(h.group().connectors)) == before
+
+
+def test_alter_connectors_max_tasks() -> None:
+    # Items are connectors plus their tasks; only a change that grows a group past the limit
+    # is refused (a group above a lowered limit may still shrink or change its configs).
+    h = Harness(GroupCoordinatorConfig(max_tasks=10))
+    assert h.alter({"A": 4, "B": 4}).error_code == 0  # 2 + 8 = 10 items
+    r = h.apply(h.coordinator.alter_connectors(_alter_request((_spec("C", 0),)), h.now))
+    assert r.error_code == E.INVALID_REQUEST
+    assert r.error_message == (
+        "Group g would have 11 items (connectors plus tasks); group.connect.max.tasks is 10.")
+    assert sorted(h.group().connectors) == ["A", "B"]
+    r = h.apply(h.coordinator.alter_connectors(_alter_request((_spec("A", 3), _spec("C", 0))), h.now))
+    assert r.error_code == 0 and sorted(h.group().connectors) == ["A", "B", "C"]  # 10 again
+    h.coordinator.config = GroupCoordinatorConfig(max_tasks=5)  # restarted with a lower limit
+    before = len(h.log)
+    r = h.apply(h.coordinator.alter_connectors(_alter_request((_spec("A", 3, (("k", "v"),)),)), h.now))
+    assert r.error_code == 0 and len(h.log) > before  # configs only: same items
+    r = h.apply(h.coordinator.alter_connectors(_alter_request(deletes=("C",)), h.now))
+    assert r.error_code == 0  # 9 items: still above 5, but fewer
+    r = h.apply(h.coordinator.alter_connectors(_alter_request((_spec("B", 5),)), h.now))
+    assert r.error_code == E.INVALID_REQUEST and "group.connect.max.tasks is 5" in r.error_message
+    assert {n: c.task_count for n, c in h.group().connectors.items()} == {"A": 3, "B": 4}
 
 
 def test_describe_and_list_groups() -> None:

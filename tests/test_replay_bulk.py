@@ -35,6 +35,7 @@ from hypothesis.stateful import invariant
 from connect_wire import codec
 from connect_wire.records import GroupMetadataKey
 from coordinator.group import records as rec
+from coordinator.group.config import MAX_TASKS_CEILING
 from coordinator.group.model import (
     AssignorSpec,
     ConnectorSpec,
@@ -299,6 +300,20 @@ def test_a_refused_record_stops_both_at_the_same_place() -> None:
     assert isinstance(error, ReplayError) and isinstance(bulk_error, ReplayError)
     assert actual.snapshot() == expected.snapshot()
     assert actual.groups["g"].epoch == 1
+
+
+def test_a_connectors_record_beyond_any_limit_is_refused_before_its_items_are_built() -> None:
+    # A corrupt task count (a bit flipped high in the int32) would otherwise build up to 2**31
+    # items; no coordinator can have written more than MAX_TASKS_CEILING.
+    fits = rec.group_connectors("g", 1, [ConnectorSpec("A", 10), ConnectorSpec("B", 5)])
+    beyond = rec.group_connectors("g", 2, [ConnectorSpec("A", 10), ConnectorSpec("B", MAX_TASKS_CEILING)])
+    encoded = [serde.encode_record(r) for r in (rec.group_metadata("g", 1), fits, beyond)]
+    expected, error = record_by_record(encoded)
+    actual, bulk_error = bulk(encoded, [])
+    assert isinstance(error, ReplayError) and isinstance(bulk_error, ReplayError)
+    assert "more than any coordinator allows" in str(error)
+    assert actual.snapshot() == expected.snapshot()
+    assert len(actual.groups["g"].configured) == 2 + 15
 
 
 # -- the coordinator's own logs ---------------------------------------------------------------------

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 SESSION_TIMEOUT = "group.connect.session.timeout.ms"
 HEARTBEAT_INTERVAL = "group.connect.heartbeat.interval.ms"
 GROUP_OVERRIDES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
+MAX_TASKS = "group.connect.max.tasks"
+MAX_TASKS_CEILING = 1_000_000
+"""The most items (connectors plus tasks) ``group.connect.max.tasks`` may allow a group. A log
+record configuring more is refused on replay: no coordinator can have written it, and building
+its items would take the memory of a corrupt length (2**31 tasks) before anything could check it."""
 
 
 class ConfigError(ValueError):
@@ -23,6 +28,8 @@ class GroupCoordinatorConfig:
     max_heartbeat_interval_ms: int = 60_000
     max_size: int = 2**31 - 1
     """``group.connect.max.size``: members per group."""
+    max_tasks: int = 100_000
+    """``group.connect.max.tasks``: items (connectors plus their tasks) a group may configure."""
     empty_group_retention_ms: int = 7 * 24 * 3600 * 1000
     """A group with no members and no connectors is deleted after this long."""
     assignment_timeout_floor_ms: int = 1_000
@@ -49,6 +56,7 @@ class GroupCoordinatorConfig:
             )
         if self.max_size < 1:
             raise ConfigError("group.connect.max.size must be >= 1")
+        bounded(MAX_TASKS, self.max_tasks, 1, MAX_TASKS_CEILING)
         if self.empty_group_retention_ms < 0:
             raise ConfigError("empty group retention must be >= 0")
 

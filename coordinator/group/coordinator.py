@@ -1286,6 +1286,14 @@ class GroupCoordinator:
             updated[spec.name] = ConnectorSpec(
                 spec.name, spec.task_count, tuple((c.name, c.value) for c in spec.config)
             )
+        # (A group already above a lowered limit may still shrink, or change configs only.)
+        total = sum(1 + c.task_count for c in updated.values())
+        if total > self.config.max_tasks and total > sum(1 + c.task_count for c in current.values()):
+            raise _Reject(
+                E.INVALID_REQUEST,
+                f"Group {req.group_id} would have {total} items (connectors plus tasks); "
+                f"group.connect.max.tasks is {self.config.max_tasks}.",
+            )
         epoch = g.epoch if g is not None else 0
         if req.validate_only or updated == current:
             if not req.validate_only and g is None:

@@ -30,6 +30,7 @@ from connect_wire.records import (
 )
 
 from . import records as rec
+from .config import MAX_TASKS_CEILING
 from .model import (
     EMPTY,
     ConnectorSpec,
@@ -133,6 +134,12 @@ class CoordinatorState:
                 g.configured = set()
                 g.connectors_epoch = 0
             return
+        total = sum(1 + max(c.task_count, 0) for c in connectors.values())
+        if total > MAX_TASKS_CEILING:  # checked before a single item is built
+            raise ReplayError(
+                f"group {group_id!r}: connectors record with {total} items (more than any "
+                f"coordinator allows: {MAX_TASKS_CEILING})"
+            )
         g = self._group(group_id)
         g.connectors = connectors
         g.connectors_epoch = epoch
