@@ -80,8 +80,11 @@ class SimGroup:
     """Members of one group; ``changed`` is set whenever any member's state may have moved."""
 
     def __init__(self, host: str, port: int, group: str, assignor: str = "incremental",
-                 long_poll: bool = False, shared_connections: int = 0) -> None:
+                 long_poll: bool = False, shared_connections: int = 0,
+                 rebalance_timeout_ms: int = 60_000) -> None:
         self.host, self.port, self.group = host, port, group
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        """The members' rebalance timeout: half of it is a fenced member's hold past its session."""
         self.assignor_name = assignor
         self.long_poll = long_poll
         # 0: every member its own heartbeat connection (needed for long polls: a parked
@@ -220,7 +223,7 @@ class SimMember:
         self.conn = conn
         self.assignor = make_assignor(group.assignor_name)
         self.m = Membership(
-            group_id=group.group, rebalance_timeout_ms=60_000, long_poll=group.long_poll,
+            group_id=group.group, rebalance_timeout_ms=group.rebalance_timeout_ms, long_poll=group.long_poll,
             assignors=[AssignorAd(self.assignor.name, self.assignor.minimum_version,
                                   self.assignor.maximum_version,
                                   metadata_version=self.assignor.metadata().version)],

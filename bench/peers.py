@@ -160,7 +160,7 @@ class Ours:
         a = self.args
         return [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", self.bootstrap,
                 "--group", group, "--instance-id", name, "--session-timeout-ms", str(a.session_ms),
-                "--max-delay-ms", str(a.max_delay_ms), "--rebalance-timeout-ms", "10000",
+                "--max-delay-ms", str(a.max_delay_ms), "--rebalance-timeout-ms", str(a.rebalance_timeout_ms),
                 "--log-level", "warning"]
 
     def check(self) -> None:
@@ -508,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-delay-ms", type=int, default=None,
                         help="ours: how long a departed worker's work is held "
                         "(scheduled.rebalance.max.delay.ms; default = --session-ms)")
+    parser.add_argument("--rebalance-timeout-ms", type=int, default=None,
+                        help="ours: half of it is each stop's budget, and how long past its session a "
+                        "fenced worker's work is held (default 2 x --max-delay-ms, at least 1000)")
     parser.add_argument("--pause-s", type=float, default=None,
                         help="how long the paused worker stays stopped (default 1.5 x the session timeout)")
     parser.add_argument("--quiet-s", type=float, default=None,
@@ -520,12 +523,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_delay_ms is None:
         args.max_delay_ms = args.session_ms
+    if args.rebalance_timeout_ms is None:
+        args.rebalance_timeout_ms = max(1000, 2 * args.max_delay_ms)
     if args.pause_s is None:
         args.pause_s = 1.5 * args.session_ms / 1000
     if args.quiet_s is None:
         args.quiet_s = 3 * args.interval_ms / 1000
     if args.workers < 1 or args.tasks < 1 or args.repeat < 1 or args.max_delay_ms < 0:
         parser.error("--workers, --tasks, --repeat must be >= 1 and --max-delay-ms >= 0")
+    if args.rebalance_timeout_ms < 200:
+        parser.error("--rebalance-timeout-ms must be >= 200")
     if not 0 < args.interval_ms < args.session_ms or args.session_ms < 1000:
         parser.error("need 0 < --interval-ms < --session-ms and --session-ms >= 1000")
     if args.pause_s * 1000 <= args.session_ms or args.quiet_s <= 0:
@@ -556,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "settings": {"workers": args.workers, "tasks": args.tasks, "scenarios": args.scenarios,
                      "repeat": args.repeat, "session_ms": args.session_ms, "interval_ms": args.interval_ms,
-                     "max_delay_ms": args.max_delay_ms, "pause_s": args.pause_s, "quiet_s": args.quiet_s},
+                     "max_delay_ms": args.max_delay_ms, "rebalance_timeout_ms": args.rebalance_timeout_ms,
+                     "pause_s": args.pause_s, "quiet_s": args.quiet_s},
         "rows": rows,
         "headline": head,
         "seconds": round(time.perf_counter() - started, 3),
@@ -566,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render(rows))
     print()
     print(f"({args.workers} workers, {args.tasks} tasks; session / membership timeout {args.session_ms} ms, "
-          f"heartbeat / watcher poll {args.interval_ms} ms, ours --max-delay-ms {args.max_delay_ms}, "
+          f"heartbeat / watcher poll {args.interval_ms} ms, ours --max-delay-ms {args.max_delay_ms} "
+          f"--rebalance-timeout-ms {args.rebalance_timeout_ms}, "
           f"pause {args.pause_s:g} s; median of {args.repeat}; rows written to {args.output})")
     resumed = {r["system"]: r["stopped_after_resume_s"] for r in rows if r["scenario"] == "pause"}
     if resumed:

@@ -980,6 +980,11 @@ class SimWorker:
         for item in sorted(items):
             run = self.runs.pop(item, None)
             if run is None:
+                # worker._stop_items: a stop already in progress (a Lost's, while stop() drains)
+                # is awaited, not taken as done ("revoked-while-stopping").
+                stopping = self.stopping.get(item)
+                if stopping is not None and stopping.end is not None and stopping.end > done:
+                    done = stopping.end
                 continue
             if slow:
                 d = rebalance + int(rebalance * rng.random())

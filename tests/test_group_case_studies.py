@@ -237,7 +237,10 @@ def _w2_kicked_out_and_w3_holds(h: Harness, delay_ms: int) -> None:
     assert epochs(h) == (36, 35)
     assert targets(h) == {"W1": ["A", "A/0"], "W3": ["A/1"]}
     assert members(h) == {"W1": (35, ["A", "A/0"]), "W3": (35, ["A/1"])}
-    assert [g.owner.get(i) for i in items(["B", "B/0"])] == [None, None]  # W2's work: nobody's
+    # W2's work: held for W2 (fenced, it may still be stopping it) until its session deadline
+    # plus its stop budget (half its rebalance timeout); then nobody's.
+    assert [g.owner.get(i) for i in items(["B", "B/0"])] == ["W2", "W2"]
+    assert ("hold", "g", "W2") in h.timers and "W2" not in g.members
     assert h.describe().groups[0].group_state == "Assigning"
 
     assert h.assigner() == "W3"
@@ -342,12 +345,25 @@ def test_seed000_worker_bounces(rejoin: str) -> None:
     assert g.scheduled_rebalance_at_ms == -1  # the delayed rebalance is no longer needed
     assert ("scheduled", "g", "") not in h.timers
 
-    r2 = hb(h, new_id, owned=[])
-    r1 = hb(h, "W1", owned=["A", "A/0"])
-    r3 = hb(h, "W3", owned=["A/1"])
-    assert (r2.member_epoch, response_items(r2)) == (37, ["B", "B/0"])
-    assert (r1.member_epoch, response_items(r1)) == (37, ["A", "A/0"])
-    assert (r3.member_epoch, response_items(r3)) == (37, ["A/1"])
+    if rejoin == "static-instance-id":
+        # Not in the seed: the new member id may be another process than the vanished one,
+        # which may still be stopping B and B/0: they stay held for W2 until its session
+        # deadline plus its stop budget. (With its own member id, W2's report that it runs
+        # nothing released them at its join.)
+        r2 = hb(h, new_id, owned=[])
+        assert (r2.member_epoch, response_items(r2)) == (37, [])
+        assert g.current[new_id].state.label == "UnreleasedItems"
+        step = h.coordinator.config.heartbeat_interval_ms
+        _live(h, h.timers[("hold", "g", "W2")] - h.now + step, alive=("W1", new_id, "W3"))
+        assert "W2" not in g.current and epochs(h) == (37, 37)
+        assert h.current(new_id) == (37, ["B", "B/0"])  # given in a heartbeat of _live
+    else:
+        r2 = hb(h, new_id, owned=[])
+        r1 = hb(h, "W1", owned=["A", "A/0"])
+        r3 = hb(h, "W3", owned=["A/1"])
+        assert (r2.member_epoch, response_items(r2)) == (37, ["B", "B/0"])
+        assert (r1.member_epoch, response_items(r1)) == (37, ["A", "A/0"])
+        assert (r3.member_epoch, response_items(r3)) == (37, ["A/1"])
     # Final state. Reading: the seed's last member table omits W3; W3 is at 37 with AT2 too.
     assert members(h) == {"W1": (37, ["A", "A/0"]), new_id: (37, ["B", "B/0"]), "W3": (37, ["A/1"])}
     assert h.describe().groups[0].group_state == "Stable"
@@ -523,11 +539,19 @@ def test_kip848_member_failure() -> None:
     h.compute({"B": foo(3, 4, 0), "C": foo(2, 5, 1)})
     assert epochs(h) == (23, 23)
     assert targets(h) == {"B": foo(0, 3, 4), "C": foo(1, 2, 5)}
-    # B and C heartbeat and transition to epoch 23 with their new partitions.
+    # B and C heartbeat and transition to epoch 23 with their new partitions -- but where the
+    # KIP's table hands foo-0 and foo-1 over at once, ours holds them for A until A's session
+    # deadline plus its stop budget (half its rebalance timeout): a partitioned A only then
+    # has certainly stopped them ("fence-stop-tail", found by the simulator).
     rb = hb(h, "B", owned=foo(3, 4))
     rc = hb(h, "C", owned=foo(2, 5))
-    assert (rb.member_epoch, response_items(rb)) == (23, foo(0, 3, 4))
-    assert (rc.member_epoch, response_items(rc)) == (23, foo(1, 2, 5))
+    assert (rb.member_epoch, response_items(rb)) == (23, foo(3, 4))
+    assert (rc.member_epoch, response_items(rc)) == (23, foo(2, 5))
+    assert [g.owner[i] for i in items(foo(0, 1))] == ["A", "A"]
+    assert h.describe().groups[0].group_state == "Reconciling"  # B and C: UnreleasedItems
+    step = h.coordinator.config.heartbeat_interval_ms
+    _live(h, h.timers[("hold", "g", "A")] - h.now + step, alive=("B", "C"))
+    assert "A" not in g.current
     assert members(h) == {"B": (23, foo(0, 3, 4)), "C": (23, foo(1, 2, 5))}
     assert h.describe().groups[0].group_state == "Stable"
     h.check_records_encode()

@@ -30,6 +30,7 @@ from connect_wire.records import (
 from coordinator.group.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT, GroupCoordinatorConfig
 from coordinator.group.coordinator import GroupCoordinator, RequestContext
 from coordinator.group.invariants import epochs as invariant_epochs
+from coordinator.group.model import HELD_EPOCH, CurrentAssignment, MemberState
 from coordinator.group.state import CoordinatorState
 from tests.group_harness import Harness, assignor, item, items, names, response_items
 
@@ -259,10 +260,20 @@ def test_fenced_member_epoch_removes_the_member(wrong: int) -> None:
     r = h.heartbeat("W2", wrong, owned=["B", "B/0"])
     assert r.error_code == E.FENCED_MEMBER_EPOCH
     assert f"MemberEpoch {wrong} does not match the member's epoch 2" in r.error_message
-    assert "W2" not in g.members and g.epoch == 3
-    assert item("B") not in g.owner and "W2" not in g.target
+    assert "W2" not in g.members and g.epoch == 3 and "W2" not in g.target
+    # W2 learns of the fence now and may take its stop budget (half its rebalance timeout)
+    # to stop B and B/0 -- or it learns it at its session deadline, if this answer is lost.
+    # Until then its items are held: nobody else may start them.
+    session_deadline = h.now + 10_000  # W2 last heartbeated at h.now (in two_workers)
+    assert g.current["W2"] == CurrentAssignment(
+        HELD_EPOCH, 25_000, MemberState.UNREVOKED_ITEMS, frozenset(), frozenset({item("B"), item("B/0")}))
+    assert g.owner[item("B")] == "W2" and h.timers[("hold", "g", "W2")] == session_deadline + 15_000
     r = h.heartbeat("W2", 2)
     assert r.error_code == E.UNKNOWN_MEMBER_ID
+    h.advance(24_999)
+    assert g.owner[item("B")] == "W2"
+    h.advance(1)
+    assert item("B") not in g.owner and "W2" not in g.current and not g.soft.hold_deadline
 
 
 def test_fenced_member_epoch_for_an_older_epoch_that_is_not_the_previous_one() -> None:
@@ -969,13 +980,76 @@ def test_session_timeout_fences_and_removes() -> None:
     keep_alive(h, 9_000, alive=("W1",))
     assert "W2" in g.members
     keep_alive(h, 2_000, alive=("W1",))
-    assert "W2" not in g.members and g.epoch == 3
-    assert item("B") not in g.owner and "W2" not in g.target
+    assert "W2" not in g.members and g.epoch == 3 and "W2" not in g.target
     assert ("session", "g", "W2") not in h.timers
     assert last + 10_000 <= h.now
+    # Held until W2's stop budget (half its rebalance timeout) after its session deadline.
+    assert g.owner[item("B")] == "W2" and h.timers[("hold", "g", "W2")] == last + 10_000 + 15_000
+    h.compute({"W1": ALL})  # handed on at once (as eager does)
+    keep_alive(h, 13_000, alive=("W1",))
+    assert g.owner[item("B")] == "W2" and h.current("W1") == (3, ["A", "A/0", "A/1"])
+    assert g.current["W1"].state == MemberState.UNRELEASED_ITEMS
+    keep_alive(h, 1_000, alive=("W1",))
+    assert g.owner[item("B")] == "W1" and h.current("W1") == (3, ALL)
     # A lone member whose session expires leaves an Empty group, epochs caught up.
     keep_alive(h, 11_000, alive=())
     assert g.members == {} and g.state.value == "Empty" and g.assignment_epoch == g.epoch == 4
+
+
+def test_a_hold_survives_a_restart_and_ends_no_earlier() -> None:
+    h = Harness()
+    two_workers(h)
+    last = h.now
+    keep_alive(h, 11_000, alive=("W1",))  # W2's session expires at last + 10 s
+    assert "W2" not in h.group().members and h.timers[("hold", "g", "W2")] == last + 25_000
+    h.advance(5_000)
+    # The coordinator restarts: a new one loads the log (the hold is a record, epoch -3).
+    restarted = Harness()
+    restarted.coordinator = GroupCoordinator(h.coordinator.config, strict=True)
+    for record in h.log:
+        restarted.coordinator.replay(record)
+    restarted.log = list(h.log)
+    restarted.now = h.now
+    restarted.apply(restarted.coordinator.on_loaded(restarted.now))
+    g = restarted.group()
+    assert g.current["W2"].epoch == HELD_EPOCH and g.owner[item("B")] == "W2"
+    # Held its whole length again from the load: later than before, never earlier.
+    assert restarted.timers[("hold", "g", "W2")] == restarted.now + 15_000
+    restarted.compute({"W1": ALL})
+    keep_alive(restarted, 14_000, alive=("W1",))
+    assert g.owner[item("B")] == "W2" and restarted.current("W1")[1] == ["A", "A/0", "A/1"]
+    keep_alive(restarted, 1_000, alive=("W1",))
+    assert "W2" not in g.current and restarted.current("W1")[1] == ALL
+
+
+def test_a_member_that_leaves_is_not_held() -> None:
+    # Leaving (-1) says its work is stopped: nothing is held (a static -2 member whose session
+    # expires neither: test_static_leave_keeps_work_held_until_session_expiry).
+    h = Harness()
+    two_workers(h)
+    g = h.group()
+    assert h.heartbeat("W2", -1).member_epoch == -1
+    assert "W2" not in g.current and item("B") not in g.owner
+    assert not [k for k in h.timers if k[0] == "hold"]
+
+
+def test_a_fenced_member_rejoining_keeps_what_it_still_runs_of_its_hold() -> None:
+    h = Harness()
+    two_workers(h)
+    g = h.group()
+    assert h.heartbeat("W2", 9, owned=["B", "B/0"]).error_code == E.FENCED_MEMBER_EPOCH
+    ends = h.timers[("hold", "g", "W2")]
+    h.advance(100)
+    r = h.join("W2", owned=["B/0"])  # B stopped; B/0 still stopping
+    assert r.error_code == 0 and r.member_id == "W2"
+    cur = g.current["W2"]
+    assert (cur.epoch, cur.state, names(cur.assigned), names(cur.revoking)) == (
+        0, MemberState.UNREVOKED_ITEMS, [], ["B/0"])
+    assert g.owner[item("B/0")] == "W2" and item("B") not in g.owner
+    assert "W2" not in g.soft.hold_deadline
+    # The old hold's timer changes nothing now: W2 is a member again.
+    result = h.coordinator.on_timer(("hold", "g", "W2"), ends)
+    assert not result.records and g.owner[item("B/0")] == "W2"
 
 
 def test_rebalance_timeout_while_revoking_fences() -> None:
@@ -990,10 +1064,17 @@ def test_rebalance_timeout_while_revoking_fences() -> None:
     keep_alive(h, 4_000, alive=("W2",))
     for _ in range(4):  # W1 keeps heartbeating but never stops B
         h.heartbeat("W1", 1, owned=ALL)
+    last = h.now
     assert "W1" in g.members
     keep_alive(h, 1_000, alive=("W2",))
     assert "W1" not in g.members and g.epoch == 3
-    # W2 (heartbeating in keep_alive) now got B and B/0.
+    # W1 may still be stopping B and B/0 (it never said it stopped them): held until its
+    # session deadline (its last heartbeat + 10 s) + its stop budget (2.5 s). Only then W2,
+    # heartbeating in keep_alive, gets them.
+    assert h.timers[("hold", "g", "W1")] == last + 10_000 + 2_500
+    keep_alive(h, 11_000, alive=("W2",))
+    assert h.current("W2") == (2, []) and g.owner[item("B")] == "W1"
+    keep_alive(h, 1_000, alive=("W2",))
     assert h.current("W2") == (2, ["B", "B/0"]) and g.owner[item("B")] == "W2"
 
 

@@ -271,6 +271,34 @@ async def test_self_fencing_while_the_coordinator_stalls_then_rejoin(env: Env) -
     assert not env.timeline().problems
 
 
+async def test_stop_during_a_self_fence_waits_for_the_stops_in_progress(env: Env) -> None:
+    """Found by the simulator ("revoked-while-stopping"): a worker self-fenced (its stops in
+    progress) and then told to stop: stop()'s drain found the items no longer among its
+    instances, took them as stopped and reported them released while they were still stopping
+    (the coordinator could then have handed them on)."""
+    env.alter({"slow": (1, {"stop.delay.ms": "1500"})})
+    w = env.start("a", rebalance_timeout_ms=10_000)  # 5 s per stop
+    slow = items("slow", "slow/0")
+    await until(stable(env, {w: slow}), "a runs everything")
+    pid = env.daemon.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    early: set[str] = set()
+    try:
+        await until(lambda: w.membership.stopping_lost, "a fences itself", timeout_s=SESSION_MS / 1000 + 3)
+        stopping = asyncio.create_task(w.stop())
+        while not stopping.done() and not early:
+            stopped = {e["item"] for e in env.timeline().events if e["event"] == "stop"}
+            if stopped >= slow:
+                break
+            early |= slow - of(w) - stopped  # reported released, not stopped yet
+            await asyncio.sleep(0.01)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await asyncio.wait_for(stopping, 20)
+    assert not early, early
+    assert {e["item"] for e in env.timeline().events if e["event"] == "stop"} == slow
+
+
 # == supervised instances ==========================================================================
 
 

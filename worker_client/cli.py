@@ -43,7 +43,9 @@ def parser() -> argparse.ArgumentParser:
                    help="scheduled.rebalance.max.delay.ms: how long a departed worker's work is held "
                    "(incremental assignor; default 300000, 0 = reassign at once)")
     r.add_argument("--rebalance-timeout-ms", type=int, default=60_000,
-                   help="time allowed to stop revoked work (default 60000)")
+                   help="time allowed to stop revoked work (default 60000): each stop gets half "
+                   "of it, and the coordinator holds a fenced or crashed worker's work that half "
+                   "past its session before anyone else may start it")
     r.add_argument("--session-timeout-ms", type=int, default=10_000,
                    help="the coordinator's session timeout: without a heartbeat this long the worker "
                    "stops its work itself (default 10000)")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import os
 import time
@@ -160,6 +161,7 @@ class Worker:
             session_timeout_ms=config.session_timeout_ms, long_poll=config.long_poll,
         )
         self.instances: dict[Item, _Instance] = {}
+        self._stopping: dict[Item, asyncio.Future[None]] = {}  # stops in progress
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._inflight: asyncio.Task[Any] | None = None
@@ -438,7 +440,28 @@ class Worker:
             self.metrics.running.dec()
 
     async def _stop_items(self, items: frozenset[Item], hard: bool = False) -> None:
-        await asyncio.gather(*(self._stop_one(self.instances.pop(i)) for i in items if i in self.instances))
+        """Stop what of ``items`` runs, in parallel; also wait for the stops of ``items`` already
+        in progress (a Lost's, when stop() drains meanwhile): an item is reported stopped only
+        once its stop ended (found by the simulator: "revoked-while-stopping")."""
+        own = []
+        others = []
+        for i in items:
+            inst = self.instances.pop(i, None)
+            if inst is not None:
+                task = asyncio.ensure_future(self._stop_one(inst))
+                self._stopping[i] = task
+                task.add_done_callback(functools.partial(self._stopped, i))
+                own.append(task)
+            elif (task := self._stopping.get(i)) is not None:
+                others.append(task)
+        if own:
+            await asyncio.gather(*own)
+        if others:
+            await asyncio.wait(others)  # (cancelling this wait does not cancel their stops)
+
+    def _stopped(self, item: Item, task: asyncio.Future[None]) -> None:
+        if self._stopping.get(item) is task:
+            del self._stopping[item]
 
     async def _stop_one(self, inst: _Instance) -> None:
         inst.stopping = True

@@ -69,6 +69,7 @@ from .model import (
     CONNECTOR,
     EMPTY,
     EMPTY_TARGET,
+    HELD_EPOCH,
     NEW_MEMBER_ASSIGNMENT,
     AssignorSpec,
     Computation,
@@ -80,6 +81,7 @@ from .model import (
     MemberMetadata,
     MemberState,
     TargetMember,
+    is_hold,
     items_from_wire,
     split_items,
 )
@@ -93,6 +95,7 @@ REBALANCE = "rebalance"
 COMPUTE = "compute"
 SCHEDULED = "scheduled"
 EXPIRE = "expire"
+HOLD = "hold"
 
 TimerKey = tuple[str, str, str]
 """(kind, group id, member id or "")."""
@@ -459,6 +462,8 @@ class GroupCoordinator:
                 self._on_scheduled(txn, g, now_ms)
             elif kind == EXPIRE:
                 self._on_expire(txn, g, now_ms)
+            elif kind == HOLD:
+                self._on_hold_expired(txn, g, member_id, now_ms)
             if group_id in self.state.groups:
                 self._after(txn, g, now_ms)
 
@@ -479,6 +484,10 @@ class GroupCoordinator:
                     self._arm_rebalance_timer(txn, g, mid, cur.epoch, now_ms)
                 if cur is not None and not cur.assigned <= g.configured:
                     soft.dirty.add(mid)
+            for mid, cur in g.current.items():
+                if mid not in g.members and is_hold(cur):
+                    # The hold started again: its end is at most one hold late, never early.
+                    self._arm_hold(txn, g, mid, now_ms + max(cur.previous_epoch, 0))
             if g.scheduled_rebalance_at_ms >= 0 and g.epoch == g.assignment_epoch:
                 txn.timer(SCHEDULED, g.group_id, "", g.scheduled_rebalance_at_ms)
             self._after(txn, g, now_ms)
@@ -656,7 +665,7 @@ class GroupCoordinator:
                 owned = items_from_wire(req.owned_connectors, req.owned_tasks)
                 if owned <= cur.assigned:
                     return
-        self._fence(txn, g, member_id, now_ms, "fenced: stale member epoch")
+        self._fence(txn, g, member_id, now_ms, "fenced: stale member epoch", hold=True)
         self._after(txn, g, now_ms)
         raise _Reject(
             E.FENCED_MEMBER_EPOCH,
@@ -726,6 +735,10 @@ class GroupCoordinator:
             if g is not None:
                 self._check_assignors(g, member_id, assignors)
             g = self._get_or_create_group(txn, req.group_id, now_ms)
+            # The member's own hold (it was fenced and rejoins with the same id) becomes its
+            # current assignment below: what it reports still running of it stays owned by it,
+            # as revoking, the rest is released (its own report says it stopped it).
+            g.soft.hold_deadline.pop(member_id, None)
             txn.write(rec.group_member(g.group_id, MemberMetadata(
                 member_id=member_id, instance_id=req.instance_id, worker_url=req.worker_url,
                 client_id=ctx.client_id, client_host=ctx.client_host,
@@ -910,14 +923,55 @@ class GroupCoordinator:
             should_compute_assignment=False,
         )
 
-    def _remove_records(self, txn: _Txn, g: Group, member_id: str) -> None:
+    def _remove_records(self, txn: _Txn, g: Group, member_id: str, hold_until: int | None = None,
+                        now_ms: int = 0) -> None:
+        """Tombstones for a member's records. With ``hold_until``, its current assignment is
+        replaced by a hold instead (see :meth:`_hold_for`): its items stay owned until then."""
         released = g.current[member_id].owned if member_id in g.current else EMPTY
-        txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=g.group_id, member_id=member_id)))
+        if hold_until is not None and released:
+            txn.write(rec.current_assignment(g.group_id, member_id, CurrentAssignment(
+                HELD_EPOCH, hold_until - now_ms, MemberState.UNREVOKED_ITEMS, EMPTY, released)))
+            self._arm_hold(txn, g, member_id, hold_until)
+            released = EMPTY
+        else:
+            txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=g.group_id, member_id=member_id)))
         if member_id in g.target:
             txn.write(rec.tombstone(
                 TargetAssignmentMemberKey(group_id=g.group_id, member_id=member_id)))
         txn.write(rec.tombstone(GroupMemberKey(group_id=g.group_id, member_id=member_id)))
         self._wake_for(txn, g, released)
+
+    def _hold_for(self, g: Group, member_id: str, now_ms: int) -> int | None:
+        """Until when a fenced member's items stay held, or None (nothing to hold).
+
+        A fenced worker stops its work when it learns of the fence: from the fencing response,
+        or by itself when its session lease ends, which is no later than the session deadline
+        here (the lease runs from the *send* time of its last acknowledged heartbeat). Each
+        stop may take half its rebalance timeout (the worker's stop budget). Handing its items
+        on before that end could start them twice (found by the simulator: "fence-stop-tail").
+        A member that left statically (-2) stopped everything before it left: no hold."""
+        cur = g.current.get(member_id)
+        m = g.members.get(member_id)
+        if cur is None or m is None or not cur.owned or cur.epoch == -2:
+            return None
+        learns_by = max(now_ms, g.soft.session_deadline.get(member_id, now_ms))
+        return learns_by + max(100, m.rebalance_timeout_ms // 2)
+
+    def _arm_hold(self, txn: _Txn, g: Group, member_id: str, until: int) -> None:
+        g.soft.hold_deadline[member_id] = until
+        txn.timer(HOLD, g.group_id, member_id, until)
+
+    def _on_hold_expired(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
+        cur = g.current.get(member_id)
+        if cur is None or member_id in g.members or not is_hold(cur):
+            return  # released already, or the member rejoined and took it over
+        until = g.soft.hold_deadline.get(member_id)
+        if until is not None and until > now_ms:
+            txn.timer(HOLD, g.group_id, member_id, until)
+            return
+        g.soft.hold_deadline.pop(member_id, None)
+        txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=g.group_id, member_id=member_id)))
+        self._wake_for(txn, g, cur.owned)
 
     def _forget_member(self, txn: _Txn, g: Group, member_id: str) -> None:
         soft = g.soft
@@ -928,10 +982,13 @@ class GroupCoordinator:
         txn.timer(SESSION, g.group_id, member_id, None)
         txn.timer(REBALANCE, g.group_id, member_id, None)
 
-    def _fence(self, txn: _Txn, g: Group, member_id: str, now_ms: int, reason: str) -> None:
+    def _fence(self, txn: _Txn, g: Group, member_id: str, now_ms: int, reason: str,
+               hold: bool = False) -> None:
         """Remove a member (leave, session expiry, revocation timeout, stale epoch): tombstones
-        in Kafka's order, then a group epoch bump."""
-        self._remove_records(txn, g, member_id)
+        in Kafka's order, then a group epoch bump. ``hold``: the member did not say it stopped
+        its work (it was fenced, it did not leave): its items are held (:meth:`_hold_for`)."""
+        hold_until = self._hold_for(g, member_id, now_ms) if hold else None
+        self._remove_records(txn, g, member_id, hold_until, now_ms)
         self._forget_member(txn, g, member_id)
         comp = g.soft.computation
         if comp is not None and comp.member_id == member_id:
@@ -1193,7 +1250,7 @@ class GroupCoordinator:
         if deadline is not None and deadline > now_ms:
             txn.timer(SESSION, g.group_id, member_id, deadline)
             return
-        self._fence(txn, g, member_id, now_ms, "session expired")
+        self._fence(txn, g, member_id, now_ms, "session expired", hold=True)
 
     def _on_rebalance_expired(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
         armed = g.soft.rebalance_deadline.get(member_id)
@@ -1204,7 +1261,8 @@ class GroupCoordinator:
             txn.timer(REBALANCE, g.group_id, member_id, armed[1])
             return
         if cur.state == MemberState.UNREVOKED_ITEMS and cur.epoch == armed[0]:
-            self._fence(txn, g, member_id, now_ms, "did not revoke within its rebalance timeout")
+            self._fence(txn, g, member_id, now_ms, "did not revoke within its rebalance timeout",
+                        hold=True)
 
     def _on_compute_expired(self, txn: _Txn, g: Group, now_ms: int) -> None:
         comp = g.soft.computation
@@ -1236,6 +1294,9 @@ class GroupCoordinator:
         if since + self.config.empty_group_retention_ms > now_ms:
             return
         gid = g.group_id
+        for mid in list(g.current):  # holds of fenced members (nobody could take their items)
+            txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=gid, member_id=mid)))
+            g.soft.hold_deadline.pop(mid, None)
         if g.configs:
             txn.write(rec.tombstone(GroupConfigurationKey(group_id=gid)))
         # FIX (tests): always tombstone GroupConnectors. A connectors record written at group

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import Group, GroupState, Item, MemberState
+from .model import HELD_EPOCH, Group, GroupState, Item, MemberState, is_hold
 from .state import CoordinatorState
 
 
@@ -59,16 +59,21 @@ def _group_problems(g: Group) -> list[str]:
     for mid, cur in g.current.items():
         if cur.epoch > g.assignment_epoch:
             out.append(f"{mid} epoch {cur.epoch} > assignment epoch {g.assignment_epoch}")
-        if cur.epoch < -2:
+        if cur.epoch < -2 and not (mid not in g.members and is_hold(cur)):
             out.append(f"{mid} has impossible epoch {cur.epoch}")
         # Member state matches its sets.
         if cur.state == MemberState.UNREVOKED_ITEMS and not cur.revoking:
             out.append(f"{mid} is UnrevokedItems with nothing to revoke")
         if cur.state != MemberState.UNREVOKED_ITEMS and cur.revoking:
             out.append(f"{mid} revokes {len(cur.revoking)} items in state {cur.state.label}")
-    # 4. Members, current and target assignments describe the same members.
-    if set(g.current) != set(g.members):
+    # 4. Members, current and target assignments describe the same members; a non-member's
+    #    current assignment is a hold (a fenced member's items, revoking, nothing assigned).
+    if not set(g.members) <= set(g.current):
         out.append(f"members {sorted(g.members)} vs current assignments {sorted(g.current)}")
+    for mid in set(g.current) - set(g.members):
+        cur = g.current[mid]
+        if not is_hold(cur) or cur.assigned or not cur.revoking:
+            out.append(f"current assignment of non-member {mid} is not a hold: {cur}")
     if not set(g.target) <= set(g.members):
         out.append(f"targets for non-members {sorted(set(g.target) - set(g.members))}")
     # 5. Derived indexes equal a recomputation.
@@ -121,8 +126,8 @@ def _epoch_problems(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
                        f"{new_assignment_epoch}")
         for mid, e in members.items():
             n = new_members.get(mid)
-            # A member may restart at 0 (rejoin) or park at -2 (static leave); otherwise its
-            # epoch only moves forward.
-            if n is not None and n not in (0, -2) and e >= 0 and n < e:
+            # A member may restart at 0 (rejoin), park at -2 (static leave) or leave a hold
+            # behind (-3, fenced); otherwise its epoch only moves forward.
+            if n is not None and n not in (0, -2, HELD_EPOCH) and e >= 0 and n < e:
                 out.append(f"group {gid}: member {mid} epoch went back {e} -> {n}")
     return out

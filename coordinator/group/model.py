@@ -104,6 +104,16 @@ class CurrentAssignment:
 
 NEW_MEMBER_ASSIGNMENT = CurrentAssignment(0, 0, MemberState.STABLE, EMPTY, EMPTY)
 
+HELD_EPOCH = -3
+"""The epoch of a *hold*: the current assignment a fenced member leaves behind (its member
+record is gone). Its items stay owned (``revoking``) until the member's stops must have ended,
+so nobody else starts them while the fenced worker may still run them; ``previous_epoch`` holds
+how long, in ms, from the moment the hold was written (a reload holds that long again)."""
+
+
+def is_hold(cur: CurrentAssignment) -> bool:
+    return cur.epoch == HELD_EPOCH
+
 
 @dataclass(frozen=True, slots=True)
 class TargetMember:
@@ -146,6 +156,7 @@ class SoftState:
     eligible: tuple[str, ...] = ()
     dirty: set[str] = field(default_factory=set)  # members whose assignment has stale items
     empty_since_ms: int | None = None
+    hold_deadline: dict[str, int] = field(default_factory=dict)  # fenced member -> release at
 
 
 @dataclass
