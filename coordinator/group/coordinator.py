@@ -82,6 +82,7 @@ from .model import (
     MemberState,
     TargetMember,
     is_hold,
+    item_count,
     items_from_wire,
     split_items,
 )
@@ -1348,8 +1349,8 @@ class GroupCoordinator:
                 spec.name, spec.task_count, tuple((c.name, c.value) for c in spec.config)
             )
         # (A group already above a lowered limit may still shrink, or change configs only.)
-        total = sum(1 + c.task_count for c in updated.values())
-        if total > self.config.max_tasks and total > sum(1 + c.task_count for c in current.values()):
+        total = item_count(updated.values())
+        if total > self.config.max_tasks and total > item_count(current.values()):
             raise _Reject(
                 E.INVALID_REQUEST,
                 f"Group {req.group_id} would have {total} items (connectors plus tasks); "

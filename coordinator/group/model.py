@@ -13,6 +13,7 @@ records is in :class:`SoftState` and is rebuilt (with fresh deadlines) after a l
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,12 @@ class ConnectorSpec:
 
     def items(self) -> list[Item]:
         return connector_items(self.name, self.task_count)
+
+
+def item_count(connectors: Iterable[ConnectorSpec]) -> int:
+    """How many items (each connector plus its tasks) the connectors configure, without building
+    them (what ``group.connect.max.tasks`` bounds)."""
+    return sum(1 + max(c.task_count, 0) for c in connectors)
 
 
 @dataclass(frozen=True, slots=True)

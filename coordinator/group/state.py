@@ -40,6 +40,7 @@ from .model import (
     MemberMetadata,
     MemberState,
     TargetMember,
+    item_count,
 )
 
 _STABLE = MemberState.STABLE
@@ -134,7 +135,7 @@ class CoordinatorState:
                 g.configured = set()
                 g.connectors_epoch = 0
             return
-        total = sum(1 + max(c.task_count, 0) for c in connectors.values())
+        total = item_count(connectors.values())
         if total > MAX_TASKS_CEILING:  # checked before a single item is built
             raise ReplayError(
                 f"group {group_id!r}: connectors record with {total} items (more than any "
