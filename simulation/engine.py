@@ -106,7 +106,7 @@ class Overlap:
     def length(self, now: int) -> int:
         a = self.old.end if self.old.end is not None else now
         b = self.new.end if self.new.end is not None else now
-        return max(0, min(a, b) - self.at)
+        return max(0, min(a, b, now) - self.at)  # (an abandoned stop's end is INF until it ends)
 
 
 class ItemStat:
@@ -512,6 +512,12 @@ class SimWorker:
         self.part_start = 0
         self.part_end = 0
         self.slow_until = 0
+        self.stop_mode = "slow"
+        """How stops misbehave until ``slow_until``: ``slow`` (a slow_revocation: 1-2x the
+        rebalance timeout, past the budget), ``long`` (a slow_bounce: 2/3 to all of the budget)
+        or a bad_stops fault's plugin behaviour (``slow_stop``, ``hanging_stop``,
+        ``raising_stop``, ``ignores_cancel``: see _stop_items)."""
+        self.backstop_at: int | None = None
 
     # -- events of this process: dropped after it ends, deferred while it is paused ----------------------
     def at(self, t: int, fn: Callable[..., None], *args: Any, io: bool = False) -> None:
@@ -558,6 +564,7 @@ class SimWorker:
         self.deferred = []
         self.pause_began = -1
         self.pause_lease_expired = False
+        self.backstop_at = None
         self.assignor = (EagerAssignor() if sim.assignor == "eager"
                          else IncrementalCooperativeAssignor(max_delay_ms=sc.max_delay_ms))
         meta = self.assignor.metadata()
@@ -596,6 +603,62 @@ class SimWorker:
             if conn is not None:
                 self.sim.reset_conn(conn, "worker process ended", notify=False)
         self.conns = {"hb": None, "ctl": None}
+
+    def _fail_stop(self, reason: str) -> None:
+        """The fail-stop rule (issue 15): an instance that is not stopped within the stop budget
+        of its stop's beginning, or anything still running or stopping at the lease's end plus the
+        budget, ends the *process* (a critical log line, exit status 3): everything it ran stops
+        at this instant and no such item is ever reported released. Its supervisor (systemd,
+        Kubernetes) starts it again after 1-5 s; a process that was being stopped for good (a
+        leave) stays down, one being bounced comes back after the bounce's downtime."""
+        sim = self.sim
+        sim.fail_stops += 1
+        sim.trace("fail_stop", self.name, detail=f"{reason}; {len(self.runs)} items still run, "
+                  f"{sum(1 for r in self.stopping.values() if r.end is not None and r.end > sim.now)}"
+                  " stopping")
+        leaving, restart_after = self.leaving, self.leave_restart
+        self._shutdown()
+        if leaving:
+            if restart_after is not None:
+                sim.at(sim.now + restart_after, sim.restart_worker, self)
+        else:
+            sim.at(sim.now + sim.rng_supervisor.randint(1_000, 5_000), sim.restart_worker, self)
+
+    # -- the lease backstop: the fail-stop guard thread ----------------------------------------------
+    def arm_backstop(self) -> None:
+        """The guard ends the process at ``last_success_ms + session + budget`` if an instance
+        still runs or stops then. A thread, so a blocked event loop does not delay it, but frozen
+        with the process: a process event (deferred while paused, fired on resume if overdue)."""
+        last = self.m.last_success_ms
+        if last is None:
+            return
+        due = last + self.sim.scenario.session_timeout_ms + self.stop_deadline
+        if self.backstop_at is not None and self.backstop_at <= due:
+            return  # that one looks again (the lease moved on)
+        self.backstop_at = due
+        self.at(due, self._backstop, due)
+
+    def _backstop(self, due: int) -> None:
+        if self.backstop_at != due:
+            return
+        self.backstop_at = None
+        self._check_backstop()
+
+    def _check_backstop(self) -> None:
+        last = self.m.last_success_ms
+        if last is None:
+            return
+        now = self.sim.now
+        lease_end = last + self.sim.scenario.session_timeout_ms
+        due = lease_end + self.stop_deadline
+        if due > now:
+            if self.backstop_at is None or self.backstop_at > due:
+                self.backstop_at = due
+                self.at(due, self._backstop, due)
+            return
+        if self.runs or any(r.end is not None and r.end > now for r in self.stopping.values()):
+            self._fail_stop(f"lease backstop: lease ended at t={lease_end}, budget "
+                            f"{self.stop_deadline} ms")
 
     def graceful_stop(self, restart_after: int | None) -> None:
         """worker.stop(), as fixed in 3be3f0b ("stop-without-session"): the work is stopped *through
@@ -799,6 +862,7 @@ class SimWorker:
         actions = m.on_response(resp, sim.now)
         if resp.error_code == 0:
             self.arm_watchdog()
+            self.arm_backstop()
             if 0 < m.member_epoch < before:
                 sim.violate(f"{self.name}: member epoch went back {before} -> {m.member_epoch}")
         sim.trace("heartbeat_response", self.name, epoch=m.member_epoch,
@@ -964,10 +1028,16 @@ class SimWorker:
             run = Run(item, self, now, now + lo + int(span * rng.random() ** 2))
             self.runs[item] = run
             sim.run_started(run)
+        if items and self.backstop_at is None:
+            self._check_backstop()  # the guard watches whatever runs, even started late
 
     def _stop_items(self, items: frozenset[Item], slow_ok: bool = True) -> int:
-        """Stop what of ``items`` runs, in parallel; returns when the last stop completes. A stop
-        is cut at the stop deadline (half the rebalance timeout): the instance is abandoned."""
+        """Stop what of ``items`` runs, in parallel; returns when the last stop completes. An
+        instance counts as stopped only when its run has ended and its stop() returned (or
+        raised) within the stop budget of its stop's beginning; one that is not (a stop that is
+        slow or hangs, a run() that ignores cancellation) ends the process at the budget's end
+        (the fail-stop rule): its Run ends only then (``end`` stays INF until the process ends),
+        and whatever awaits this stop never sees it done (the fail-stop comes first)."""
         sim = self.sim
         now = sim.now
         rng = sim.rng_work
@@ -975,26 +1045,51 @@ class SimWorker:
         span = hi - lo
         rebalance = sim.scenario.rebalance_timeout_ms
         deadline = self.stop_deadline
-        slow = now < self.slow_until and slow_ok
+        mode = self.stop_mode if now < self.slow_until and slow_ok else ""
         done = now
+        abandoned: list[str] = []
         for item in sorted(items):
             run = self.runs.pop(item, None)
             if run is None:
                 # worker._stop_items: a stop already in progress (a Lost's, while stop() drains)
-                # is awaited, not taken as done ("revoked-while-stopping").
+                # is awaited, not taken as done ("revoked-while-stopping"); an abandoned one
+                # is never done: the process ends at its budget's end.
                 stopping = self.stopping.get(item)
                 if stopping is not None and stopping.end is not None and stopping.end > done:
-                    done = stopping.end
+                    assert stopping.stop_begin is not None
+                    done = min(stopping.end, stopping.stop_begin + deadline)
                 continue
-            if slow:
-                d = rebalance + int(rebalance * rng.random())
+            r = rng.random()
+            if mode == "slow":  # a slow_revocation: 1-2x the rebalance timeout
+                d: int | None = rebalance + int(rebalance * r)
+            elif mode == "long":  # a slow_bounce: 2/3 to all of the budget
+                d = deadline * 2 // 3 + int(deadline / 3 * r)
+            elif mode == "slow_stop":  # a bit past the budget, some just within it
+                d = int(deadline * (0.9 + 0.4 * r))
+            elif mode == "raising_stop":  # stop() raises at once: counts as stopped
+                d = int(5 * r)
+            elif mode in ("hanging_stop", "ignores_cancel"):
+                d = None  # stop() never returns / returns, but run() never ends
             else:
-                d = lo + int(span * rng.random() ** 2)
-            end = now + min(d, deadline)
+                d = lo + int(span * r ** 2)
+            if d is not None and d <= deadline:
+                end = now + d
+                if end > done:
+                    done = end
+            else:
+                end = INF
+                abandoned.append(str(item))
+                if now + deadline > done:
+                    done = now + deadline
             sim.run_stopped(run, now, end)
             self.stopping[item] = run
-            if end > done:
-                done = end
+        if abandoned:
+            why = {"hanging_stop": "stop() did not return", "ignores_cancel":
+                   "run() ignored the cancellation"}.get(mode, "stop() overran the budget")
+            more = f" (+{len(abandoned) - 1} more)" if len(abandoned) > 1 else ""
+            self.at(now + deadline, self._fail_stop,
+                    f"{abandoned[0]}{more} not stopped within {deadline} ms of its stop "
+                    f"(t={now}): {why}")
         return done
 
     # -- computing the assignment --------------------------------------------------------------------------
@@ -1157,6 +1252,10 @@ class Simulation:
         self.rng_fault = random.Random(f"{seed}/faults")
         self.rng_coord = random.Random(f"{seed}/coordinator")
         self.rng_client = random.Random(f"{seed}/client")
+        self.rng_supervisor = random.Random(f"{seed}/supervisor")
+        """Restart delays of fail-stopped processes: a stream of its own, so that a fail-stop
+        reshuffles nothing else."""
+        self.fail_stops = 0
         self._ids = 0
         self._cids = 0
         self.violation = ""
@@ -1556,6 +1655,7 @@ class Simulation:
             w.graceful_stop(restart_after=fault.duration_ms)
         elif kind == "slow_bounce":
             w.slow_until = self.now + 10 * self.scenario.rebalance_timeout_ms
+            w.stop_mode = "long"
             w.graceful_stop(restart_after=fault.duration_ms)
         elif kind == "leave":
             w.graceful_stop(restart_after=None)
@@ -1570,6 +1670,10 @@ class Simulation:
                     self.reset_conn(conn, "connection dropped")
         elif kind == "slow_revocation":
             w.slow_until = self.now + fault.duration_ms
+            w.stop_mode = "slow"
+        elif kind == "bad_stops":  # a plugin that misbehaves on stop (STOP_MODES), for a while
+            w.slow_until = self.now + fault.duration_ms
+            w.stop_mode = fault.detail
 
     def _coordinator_back(self) -> None:
         self.trace("coordinator_restart")
@@ -1765,7 +1869,8 @@ class Simulation:
             "wall_ms": round(wall_s * 1000, 3),
         }
         extra: dict[str, object] = {
-            "zombie_ms": zombie, "heartbeats": self.heartbeats, "computations": self.computations,
+            "zombie_ms": zombie, "fail_stops": self.fail_stops, "heartbeats": self.heartbeats,
+            "computations": self.computations,
             "coordinator_batches": self.coord.batches, "phase_start_ms": self.phase_start,
             "faults_end_ms": self.faults_end if self.faults_end < INF else -1,
         }

@@ -82,10 +82,19 @@ class Scenario:
     coordinator_restarts: int = 0
     coordinator_down_ms: Range = (200, 3_000)
     slow_revocations: int = 0
-    """A worker whose next revocations take 1-2x the rebalance timeout (its stop deadline of half
-    the rebalance timeout cuts them short, as the real worker does)."""
+    """A worker whose revocations take 1-2x the rebalance timeout for ``window_ms``: past its
+    stop budget (half the rebalance timeout), so the worker fail-stops (its process ends at the
+    budget's end and its supervisor restarts it)."""
     slow_bounces: int = 0
-    """A worker bounced (stopped gracefully) while its stops take 1-2x the rebalance timeout."""
+    """A worker bounced (stopped gracefully) while its stops take 2/3 to all of its stop budget
+    (longer than the session timeout when the budget is)."""
+    bad_stops: int = 0
+    """Workers whose plugins misbehave on stop (``bad_stop``) for ``window_ms``."""
+    bad_stop: str = ""
+    """How: ``slow_stop`` (stops take 0.9-1.3x the budget: most overrun it, some just make it),
+    ``hanging_stop`` (stop() never returns), ``raising_stop`` (stop() raises at once: that counts
+    as stopped), ``ignores_cancel`` (stop() returns but run() ignores the cancellation and never
+    ends). An instance not stopped within the budget fail-stops the worker."""
     connector_changes: int = 0
     loss: float = 0.0
     """Probability that a message is lost during the fault phase (its connection resets)."""
@@ -152,6 +161,8 @@ class Scenario:
             faults.append(Fault(t(), "drop", rng.randrange(workers)))
         for _ in range(self.slow_revocations):
             faults.append(Fault(t(), "slow_revocation", rng.randrange(workers), self.window_ms))
+        for _ in range(self.bad_stops):
+            faults.append(Fault(t(), "bad_stops", rng.randrange(workers), self.window_ms, self.bad_stop))
         for _ in range(self.coordinator_restarts):
             faults.append(Fault(t(), "coordinator_restart", -1, d(self.coordinator_down_ms)))
         for k in range(self.connector_changes):
@@ -175,6 +186,7 @@ class Scenario:
         end = 0
         for f in faults:
             end = max(end, f.at_ms + max(0, f.duration_ms if f.kind != "slow_revocation" else 0))
+            # (a bad_stops window counts: the faults end when the plugin behaves again)
         if self.loss or self.append_fail or self.fsync_fail:
             end = max(end, self.window_ms)
         return faults, end
@@ -252,7 +264,8 @@ SCENARIOS: dict[str, Scenario] = {
            append_fail=0.05, fsync_fail=0.05, bounces=1, joins=1, window_ms=30_000,
            convergence_bound_ms=_HOLD + 60_000),
         _s("slow-revocation",
-           "A worker's revocations take longer than the rebalance timeout while a worker joins.",
+           "A worker's revocations take longer than the rebalance timeout (past its stop budget: "
+           "it fail-stops and is restarted) while a worker joins.",
            slow_revocations=1, joins=1, rebalance_timeout_ms=30_000, window_ms=20_000,
            convergence_bound_ms=_HOLD + 60_000),
         _s("connector-changes",
@@ -262,9 +275,26 @@ SCENARIOS: dict[str, Scenario] = {
            convergence_bound_ms=_HOLD + 30_000),
         _s("slow-shutdown",
            "A worker is bounced while stopping its work takes longer than the session timeout "
-           "(stops take 1-2x the rebalance timeout, cut at half of it).",
+           "(stops take 2/3 to all of the stop budget, half the rebalance timeout: 10-15 s).",
            slow_bounces=1, rebalance_timeout_ms=30_000, window_ms=10_000,
            convergence_bound_ms=_HOLD + 60_000),
+        # -- plugins that misbehave on stop (issue 15: the fail-stop rule) -----------------------
+        *(_s(name,
+             f"A worker's plugins misbehave on stop for 20 s: {how}. Meanwhile a worker joins, "
+             "one bounces and one is cut off for 2-15 s (self-fencing with stops that misbehave).",
+             bad_stops=1, bad_stop=mode, joins=1, bounces=1, partitions=1,
+             partition_ms=(2_000, 15_000), window_ms=20_000, convergence_bound_ms=_HOLD + 60_000,
+             tags=("bad-stop",))
+          for name, mode, how in (
+              ("slow-stop", "slow_stop", "stops take 0.9-1.3x the stop budget; one past it "
+               "ends the process (fail-stop), which its supervisor restarts 1-5 s later"),
+              ("hanging-stop", "hanging_stop", "stop() never returns: the process ends at the "
+               "stop budget (fail-stop) and is restarted"),
+              ("raising-stop", "raising_stop", "stop() raises at once, which counts as stopped "
+               "(the plugin's contract): no fail-stop"),
+              ("stop-ignores-cancel", "ignores_cancel", "stop() returns but run() ignores the "
+               "cancellation: the instance never ends, so the process does at the budget"),
+          )),
         # -- soak ---------------------------------------------------------------------------------------
         _s("random-faults",
            "Soak: a random mix of crashes (quick and slow restarts), bounces, GC pauses, short "

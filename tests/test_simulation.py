@@ -197,7 +197,8 @@ def test_a_frozen_worker_is_a_zombie_the_self_fencing_handles() -> None:
 def test_a_graceful_stop_drains_through_the_heartbeat_loop() -> None:
     """worker.stop() as fixed in 3be3f0b ("stop-without-session"): a revocation of everything,
     carried out by the loop while it keeps heartbeating (keepalive, within the session), then
-    the loop ends and the worker leaves. slow-shutdown: the stops take 15 s, the session 10 s."""
+    the loop ends and the worker leaves. slow-shutdown: the stops take 10-15 s (within the stop
+    budget of 15 s), the session 10 s."""
     result = run("slow-shutdown", "eager", 4, 20, 0, trace=True)
     m = result.metrics
     assert m["violation"] == "" and m["converged"] and m["double_running_ms"] == 0
@@ -216,7 +217,7 @@ def test_a_graceful_stop_drains_through_the_heartbeat_loop() -> None:
     session = SCENARIOS["slow-shutdown"].session_timeout_ms
     times = [revoke["t_ms"], *beats, loop_end["t_ms"]]
     assert max(b - a for a, b in zip(times, times[1:], strict=False)) < session  # never lapsed
-    assert loop_end["t_ms"] - revoke["t_ms"] >= SCENARIOS["slow-shutdown"].rebalance_timeout_ms // 2
+    assert loop_end["t_ms"] - revoke["t_ms"] >= session  # the drain outlasted the session
 
 
 @pytest.mark.parametrize("assignor", ASSIGNORS)
