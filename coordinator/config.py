@@ -133,6 +133,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log.tombstone.retention.ms", int, 24 * 3600 * 1000,
             "Tombstones are kept this long by compaction before they are dropped.",
             _non_negative),
+    Setting("log.recovery.point.interval.ms", int, 5_000,
+            "How often each partition's durable log end is written to "
+            "data.dir/recovery-point-offset-checkpoint (also after loading and at a clean stop); "
+            "a log found shorter than its recovery point fails its partition.", _positive),
     Setting("group.connect.session.timeout.ms", int, _G.session_timeout_ms,
             "A member that does not heartbeat within this is removed.", _positive),
     Setting("group.connect.min.session.timeout.ms", int, _G.min_session_timeout_ms,

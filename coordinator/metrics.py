@@ -125,8 +125,13 @@ class Metrics:
         self.log_bytes = Gauge(f"{NS}_log_bytes", "Bytes in the partition log", ["partition"],
                                registry=r)
         self.log_corruptions = Counter(f"{NS}_log_corruptions",
-                                       "Corrupt or torn log tails truncated at load",
+                                       "Corrupt or torn log tails truncated at load, and "
+                                       "partitions failed at load (records missing below the "
+                                       "recovery point, or refused by replay)",
                                        ["partition"], registry=r)
+        self.partition_reloads = Counter(f"{NS}_partition_reloads",
+                                         "Partition reloads after its log failed at run time",
+                                         ["partition"], registry=r)
         self.connections = Gauge(f"{NS}_connections", "Open client connections", registry=r)
         for state in ("loading", "active", "failed"):
             self.partition_count.labels(state).set(0)

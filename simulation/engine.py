@@ -21,7 +21,9 @@ Theory of operation
   stop durations, then ``revoked``; assign = start them, then ``assigned_started``; lost = stop
   everything), a watchdog (``check_session`` every 100 ms), the chosen worker's
   Prepare -> ``assign`` -> Install task on a second connection, and ``stop()``, which drains the
-  work through the loop (heartbeats go on) before it leaves.
+  work through the loop (heartbeats go on) before it leaves. The fail-stop rule: an instance
+  not stopped within the stop budget of its stop's beginning, or anything still running or
+  stopping at the lease's end plus the budget, ends the process, which is restarted 1-5 s later.
 * **The network** keeps per-connection FIFO order; latencies are sampled per message, so
   messages on different connections reorder. A lost message resets its connection; a
   partition delays a worker's messages until it heals (TCP retransmits) or its requests time
@@ -464,10 +466,20 @@ class SimWorker:
       (``pending``) and run one at a time as the *acting* task while the loop keeps sending
       plain keepalive heartbeats; a Lost is carried out by the loop itself (it waits); Compute
       runs in the background.
-    * Revoke stops the items (each a sampled stop, in parallel, cut at the stop deadline of
-      half the rebalance timeout) and then reports them; Assign fetches the configs (one round
-      trip), creates the instances (they run from then on and are *up* after a sampled start)
-      and reports them started.
+    * Revoke stops the items (each a sampled stop, in parallel) and then reports them; Assign
+      fetches the configs (one round trip), creates the instances (they run from then on and
+      are *up* after a sampled start) and reports them started.
+    * The fail-stop rule (issue 15), with B the stop budget (:attr:`stop_deadline`, half the
+      rebalance timeout, at least 100 ms): an instance counts as stopped only when its run has
+      ended and its stop() returned or raised within B of its stop's beginning. One that is not
+      (a stop that overruns or hangs, a run() that ignores cancellation) ends the *process* at
+      its stop's beginning + B (:meth:`_fail_stop`): everything it ran stops then, and nothing
+      waiting for that stop ever reports the item released. The *lease backstop*, a guard thread
+      in the real worker, ends the process at ``last_success_ms + session + B`` if an instance
+      still runs or stops then; it is a process event here (frozen with a paused process, fired
+      when it wakes if overdue). A fail-stopped process is started again by its supervisor after
+      1-5 s (``rng_supervisor``); one being stopped for good stays down, one being bounced comes
+      back after the bounce's downtime.
     * The watchdog fires at exactly ``last_success_ms + session timeout`` (``check_session``).
     * A graceful stop is ``worker.stop()`` (:meth:`graceful_stop`): a Revoke of everything,
       carried out by the loop while it keeps heartbeating, then the loop ends and the worker

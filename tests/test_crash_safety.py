@@ -15,7 +15,10 @@
    the daemon, then (a) the last segment of the group's partition cut by a few bytes and (b) a
    byte flipped in the middle of an earlier batch: the daemon starts, loads the good prefix,
    reports the truncation (a structured stderr line and the corruption metric over HTTP), keeps
-   the cut bytes under ``partition-N/corrupt/`` and serves requests.
+   the cut bytes under ``partition-N/corrupt/`` and serves requests. Both cuts lose records
+   that were durable (below the recovery point written at the clean stop), so each is first
+   refused (the partition fails loudly, no file changes) until the operator accepts the loss by
+   removing the partition's line from ``recovery-point-offset-checkpoint``.
 3. ``test_failed_*``: at the shard level (in-process, a real log in a tmp dir), a failed fsync
    or write answers COORDINATOR_NOT_AVAILABLE, rolls the in-memory state back exactly, and the
    next request after the failure clears succeeds and is durable (including an fsync failure
@@ -937,6 +940,31 @@ def joins_and_serves(daemon: Daemon, gid: str, member_id: str) -> None:
     assert daemon.alive
 
 
+def refused_until_accepted(data: Path, partitions: int, env: dict[str, str], p: int, gid: str,
+                           tag: str) -> None:
+    """The log of partition ``p`` was cut below its recovery point (acknowledged records are
+    gone): the daemon fails the partition loudly and changes no file; then the operator accepts
+    the loss by removing the partition's line from the checkpoint (issue 11, item 2)."""
+    pdir = partition_dir(data, p)
+    files = {f: f.read_bytes() for f in sorted(pdir.rglob("*")) if f.is_file()}
+    daemon = Daemon(data, partitions, env, tag)
+    try:
+        with daemon.client() as client:
+            (g,) = client.call(ConnectGroupDescribeRequest(group_ids=(gid,))).groups
+        assert g.error_code == E.NOT_COORDINATOR, g
+        failed = [e for e in daemon.log_events() if e.get("level") == "error"]
+        assert [e.get("partition") for e in failed] == [p], daemon.stderr()[-3000:]
+        assert "BehindRecoveryPoint" in failed[0]["error"], failed[0]
+        assert daemon.metric("connect_coordinator_log_corruptions_total", {"partition": str(p)}) == 1.0
+    finally:
+        assert daemon.stop() == 0
+    assert {f: f.read_bytes() for f in sorted(pdir.rglob("*")) if f.is_file()} == files
+    checkpoint = data / "recovery-point-offset-checkpoint"
+    version, _count, *entries = checkpoint.read_text().splitlines()
+    kept = [e for e in entries if e.split()[0] != str(p)]
+    checkpoint.write_text("\n".join([version, str(len(kept)), *kept]) + "\n")
+
+
 def assert_describes(daemon: Daemon, gid: str, expected: CoordinatorState) -> None:
     with daemon.client() as client:
         described = describe(client, [gid])
@@ -973,6 +1001,8 @@ def test_torn_tail_then_flipped_byte_are_truncated_reported_and_served(tmp_path:
     expected = replay_batches(batches[:-1])
     print(f"partition {p}: {len(segments)} segments, {len(batches)} batches; cut the last 3 bytes "
           f"of {last.segment.name}")
+    # After a clean stop every batch was durable: the cut is a loss, refused until accepted.
+    refused_until_accepted(data, partitions, env, p, gid, "torn-refused")
     daemon = Daemon(data, partitions, env, "torn")
     try:
         corruption_reported(daemon, p)
@@ -1003,6 +1033,7 @@ def test_torn_tail_then_flipped_byte_are_truncated_reported_and_served(tmp_path:
     print(f"partition {p}: {len(segments)} segments, {len(batches)} batches; flipped a byte of batch "
           f"{index} (byte {bad.position} of {segments[0].name}); prefix: epoch "
           f"{expected.groups[gid].epoch}, {len(expected.groups[gid].members)} members")
+    refused_until_accepted(data, partitions, env, p, gid, "flipped-refused")
     before = set(corrupt.iterdir())
     daemon = Daemon(data, partitions, env, "flipped")
     try:

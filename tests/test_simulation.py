@@ -15,7 +15,7 @@ import coordinator.group.coordinator as core_module
 from coordinator.group.model import CurrentAssignment, MemberState, TargetMember
 from simulation import ASSIGNORS, EVENT_KEYS, METRIC_KEYS, SCENARIOS, RunResult, run
 from simulation.__main__ import main as cli
-from simulation.engine import Simulation
+from simulation.engine import Simulation, SimWorker
 from tests.test_simulation_regressions import known_bug
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,6 +218,59 @@ def test_a_graceful_stop_drains_through_the_heartbeat_loop() -> None:
     times = [revoke["t_ms"], *beats, loop_end["t_ms"]]
     assert max(b - a for a, b in zip(times, times[1:], strict=False)) < session  # never lapsed
     assert loop_end["t_ms"] - revoke["t_ms"] >= session  # the drain outlasted the session
+
+
+BAD_STOPS = ("slow-stop", "hanging-stop", "raising-stop", "stop-ignores-cancel")
+
+
+@pytest.mark.parametrize("scenario", BAD_STOPS)
+@pytest.mark.parametrize("assignor", ASSIGNORS)
+def test_plugins_that_misbehave_on_stop(scenario: str, assignor: str) -> None:
+    """The fail-stop rule (issue 15): an instance not stopped within the stop budget of its
+    stop's beginning ends the worker process at exactly that instant (nothing of it happens
+    later), and its supervisor starts it again 1-5 s later; a stop() that raises counts as
+    stopped. Nothing runs twice and the group converges."""
+    budget = SimWorker(Simulation(SCENARIOS[scenario], assignor, 1, 1, 0), 0).stop_deadline
+    fail_stops = 0
+    for seed in range(4):
+        result = run(scenario, assignor, 4, 20, seed, trace=True)
+        m = result.metrics
+        assert m["violation"] == "" and m["converged"], failure(result, scenario, assignor, 4, 20, seed)
+        assert m["double_running_ms"] == 0
+        events = result.events
+        for k, ev in enumerate(events):
+            if ev["kind"] != "fail_stop":
+                continue
+            fail_stops += 1
+            detail = str(ev["detail"])
+            if "lease backstop" not in detail:  # "... not stopped within B ms of its stop (t=T)"
+                began = int(detail.split("(t=")[1].split(")")[0])
+                assert ev["t_ms"] == began + budget, detail
+            later = [e for e in events[k + 1:] if e["worker"] == ev["worker"]]
+            assert later and later[0]["kind"] == "worker_start", later[:1]  # the process ended
+            assert 1_000 <= int(later[0]["t_ms"]) - int(ev["t_ms"]) <= 5_000
+        assert result.extra["fail_stops"] == sum(1 for e in events if e["kind"] == "fail_stop")
+    if scenario == "raising-stop":
+        assert fail_stops == 0
+    else:
+        assert fail_stops > 0
+
+
+def test_the_lease_backstop_ends_a_worker_that_began_stopping_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15's seed: w002 wakes from a pause past its lease end and self-fences while its
+    stops are slow; the guard ends the process at lease end + budget, before the coordinator's
+    hold of its items ends and w000 starts them. Without the backstop (the per-stop fail-stop
+    alone comes at the stops' beginning + budget) the item runs twice."""
+    args = ("random-faults-generated", "eager", 3, 12, 985)
+    result = run(*args, trace=True)
+    assert result.metrics["violation"] == ""
+    ends = [e for e in result.events if e["kind"] == "fail_stop" and e["worker"] == "w002"]
+    assert ends and "lease backstop" in str(ends[0]["detail"])
+    taken = next(e for e in result.events if e["kind"] == "assign" and e["worker"] == "w000"
+                 and "c00000/1" in str(e["detail"]) and e["t_ms"] > 24_000)
+    assert ends[0]["t_ms"] < taken["t_ms"]
+    monkeypatch.setattr(SimWorker, "_check_backstop", lambda self: None)
+    assert "c00000/1 runs on w002 and w000 at once" in str(run(*args).metrics["violation"])
 
 
 @pytest.mark.parametrize("assignor", ASSIGNORS)

@@ -130,6 +130,7 @@ __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_SEGMENT_BYTES",
     "BatchTooLarge",
+    "BehindRecoveryPoint",
     "CompactionReport",
     "CorruptLogError",
     "Corruption",
@@ -198,6 +199,25 @@ class BatchTooLarge(ValueError):
 
 class LogFailedError(OSError):
     """The log could not restore a consistent state after an I/O error: close and reopen it."""
+
+
+class BehindRecoveryPoint(Exception):
+    """The log ends below its recovery point: records known to have been durable are missing.
+
+    Raised by :meth:`PartitionLog.open` *before* recovery cuts or creates anything (so the files
+    are left as found, for the operator). ``reason`` says what recovery found (a missing
+    directory, a gap, an invalid batch, or a log that simply ends early)."""
+
+    def __init__(self, directory: Path, recovery_point: int, log_end: int, reason: str) -> None:
+        super().__init__(
+            f"{directory}: the log ends at offset {log_end} but its recovery point is "
+            f"{recovery_point} (records up to there were durable): {reason}; nothing was changed. "
+            f"To accept the loss, stop the daemon, remove the line of {directory.name} from "
+            f"the data dir's recovery-point-offset-checkpoint and restart")
+        self.directory = directory
+        self.recovery_point = recovery_point
+        self.log_end = log_end
+        self.reason = reason
 
 
 class CorruptLogError(Exception):
@@ -639,6 +659,7 @@ class PartitionLog:
         write_fn: WriteFn = os.write,
         fsync_fn: FsyncFn = os.fsync,
         sink: RecordSink | None = None,
+        recovery_point: int = 0,
     ) -> tuple[PartitionLog, RecoveryReport]:
         """Open (creating if needed) the log in ``directory``, recovering it first.
 
@@ -654,6 +675,12 @@ class PartitionLog:
         :class:`coordinator.runtime.serde.BulkLoader`. What the sink raises propagates: the log
         is not opened, and recovery has changed nothing on disk yet but what it always does
         first (finish committed compactions, remove unfinished ones).
+
+        ``recovery_point``: the log is known to have held every record below this offset (see
+        :mod:`coordinator.runtime.datadir`). If the directory is missing, or the log would end
+        below it (a missing segment, a gap, an invalid batch below it, or simply fewer records),
+        :class:`BehindRecoveryPoint` is raised before anything is cut, moved or created (only
+        committed compactions are finished and unfinished ones removed, as always).
         """
         if segment_bytes <= 0:
             raise ValueError(f"segment_bytes must be > 0, got {segment_bytes}")
@@ -664,9 +691,11 @@ class PartitionLog:
                 f"got {max_batch_bytes}"
             )
         path = Path(directory)
+        if recovery_point > 0 and not path.is_dir():
+            raise BehindRecoveryPoint(path, recovery_point, 0, "the partition directory is missing")
         path.mkdir(parents=True, exist_ok=True)
         report = RecoveryReport(directory=str(path))
-        segments, next_offset = _recover(path, report, fsync_fn, sink)
+        segments, next_offset = _recover(path, report, fsync_fn, sink, recovery_point)
         self = cls(
             path,
             segments,
@@ -1197,7 +1226,8 @@ def _move_to_corrupt(path: Path, corrupt: Path, report: RecoveryReport) -> None:
 
 
 def _recover(
-    directory: Path, report: RecoveryReport, fsync_fn: FsyncFn, sink: RecordSink | None = None
+    directory: Path, report: RecoveryReport, fsync_fn: FsyncFn, sink: RecordSink | None = None,
+    recovery_point: int = 0,
 ) -> tuple[list[_Segment], int]:
     corrupt = directory / CORRUPT_DIR
     changed = False
@@ -1248,6 +1278,7 @@ def _recover(
                     Corruption.OFFSET_GAP,
                     f"offsets [{next_offset}, {base}) are missing before segment {path.name}",
                 )
+            _check_recovery_point(directory, recovery_point, next_offset, error.detail)
             _truncate(directory, report, found, i, 0, next_offset, error, fsync_fn)
             break
         scan = _scan_segment(path, base, sink=sink)
@@ -1258,11 +1289,17 @@ def _recover(
             if scan.valid_size > 0 or i == 0:  # cut this segment, it stays the last one
                 segments.append(_Segment(base, path, scan.valid_size))
                 next_offset = scan.next_offset
+            _check_recovery_point(directory, recovery_point, next_offset,
+                                  f"{scan.error.kind.value} in {path.name}: {scan.error.detail}")
             _truncate(directory, report, found, i, scan.valid_size, next_offset, scan.error, fsync_fn)
             break
         segments.append(_Segment(base, path, scan.valid_size))
         next_offset = scan.next_offset
 
+    if not report.truncated:
+        _check_recovery_point(directory, recovery_point, next_offset,
+                              f"{len(found)} segment(s), the last one "
+                              f"{found[-1][1].name if found else '(none)'} ends there")
     if not segments:
         path = directory / segment_name(0)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | _O_CLOEXEC, 0o644)
@@ -1270,6 +1307,11 @@ def _recover(
         segments.append(_Segment(0, path, 0))
         next_offset = 0
     return segments, next_offset
+
+
+def _check_recovery_point(directory: Path, recovery_point: int, log_end: int, reason: str) -> None:
+    if log_end < recovery_point:
+        raise BehindRecoveryPoint(directory, recovery_point, log_end, reason)
 
 
 def _truncate(

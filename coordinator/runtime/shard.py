@@ -42,13 +42,23 @@ from connect_wire.records import GroupMetadataKey
 from coordinator import logs
 from coordinator.group.config import GroupCoordinatorConfig
 from coordinator.group.coordinator import GroupCoordinator, RequestContext, Result, TimerKey
+from coordinator.group.state import ReplayError
 from coordinator.metrics import Metrics
 from coordinator.runtime import serde
-from coordinator.runtime.log import FsyncPolicy, PartitionLog, RecoveryReport, partition_dir
+from coordinator.runtime.log import (
+    BehindRecoveryPoint,
+    FsyncPolicy,
+    PartitionLog,
+    RecoveryReport,
+    partition_dir,
+)
 
 log = logs.get("coordinator.shard")
 
 LOADING, ACTIVE, FAILED, CLOSED = "loading", "active", "failed", "closed"
+LOAD_CONTENT_ERRORS = (BehindRecoveryPoint, ReplayError, serde.CorruptRecord)
+"""What a load raises because of what the log holds (not an I/O error): the partition is failed,
+the corruption counted, and nothing is served rolled back; retrying cannot help."""
 MAX_DRAIN = 512
 TIMER_RETRY_MS = 500
 
@@ -146,6 +156,9 @@ class Shard:
         self._bytes_gauge = metrics.log_bytes.labels(str(partition))
         self.loaded_records = 0
         self.skipped_records = 0
+        self.recovery_point = 0
+        """Every record below this offset was durable (the data dir's checkpoint): a log that
+        ends below it fails the load (coordinator.runtime.datadir)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -154,9 +167,7 @@ class Shard:
         try:
             await asyncio.to_thread(self._load_blocking)
         except Exception as exc:  # a shard that cannot load fails alone; others keep serving
-            self.state = FAILED
-            self.failure = f"{type(exc).__name__}: {exc}"
-            log.error("partition failed to load", partition=self.partition, error=self.failure)
+            self._load_failed(exc)
             return
         self.metrics.partition_load_seconds.observe(time.monotonic() - started)
         if self.recovery is not None and not self.recovery.clean:
@@ -171,6 +182,29 @@ class Shard:
         log.info("partition loaded", partition=self.partition, records=self.loaded_records,
                  groups=len(self.core.state.groups), seconds=round(time.monotonic() - started, 3))
 
+    def _load_failed(self, exc: Exception) -> None:
+        self.state = FAILED
+        self.failure = f"{type(exc).__name__}: {exc}"
+        if self.log is not None:
+            with contextlib.suppress(Exception):
+                self.log.close()
+        self.log = None
+        self.core = GroupCoordinator(self.core.config)  # never serve a partial replay
+        if isinstance(exc, LOAD_CONTENT_ERRORS):
+            self.metrics.log_corruptions.labels(str(self.partition)).inc()
+            log.error("partition failed to load: its log is missing records or holds a record "
+                      "the coordinator would refuse; not serving it", partition=self.partition,
+                      error=self.failure)
+        else:
+            log.error("partition failed to load", partition=self.partition, error=self.failure)
+
+    @property
+    def durable_offset(self) -> int | None:
+        """The log's durable offset, or None when there is no usable log (not loaded, failed)."""
+        if self.log is None or self.log.failed is not None or self.state in (LOADING, FAILED):
+            return None
+        return self.log.durable_offset
+
     def _load_blocking(self) -> None:
         self.loaded_records = 0
 
@@ -181,7 +215,8 @@ class Shard:
         # (serde.BulkLoader: tests/test_replay_bulk.py checks it against record-by-record replay).
         with serde.BulkLoader(self.core.state, on_unknown=skip) as loader:
             self.log, self.recovery = PartitionLog.open(
-                self.directory, segment_bytes=self.segment_bytes, sink=loader.add
+                self.directory, segment_bytes=self.segment_bytes, sink=loader.add,
+                recovery_point=self.recovery_point,
             )
         self.loaded_records = loader.stats.applied
         self.skipped_records += loader.stats.skipped
@@ -298,6 +333,8 @@ class Shard:
             await self._commit(pending)
             if self.log is not None and self.log.failed is not None:
                 await self._reload()
+                if self.state == FAILED:
+                    return
             self._busy = False
             self.stats.busy_s += time.monotonic() - started
             elapsed = time.monotonic() - self.stats.started
@@ -313,6 +350,7 @@ class Shard:
         reason = self.log.failed
         log.error("partition log failed: reloading the partition", partition=self.partition,
                   reason=reason)
+        self.metrics.partition_reloads.labels(str(self.partition)).inc()
         self.state = LOADING
         for key in list(self._parked):
             self._release_parked(key)
@@ -325,6 +363,12 @@ class Shard:
             try:
                 await asyncio.to_thread(self._load_blocking)
                 break
+            except LOAD_CONTENT_ERRORS as exc:  # retrying cannot help: fail the partition
+                self._load_failed(exc)
+                while not self.queue.empty():
+                    self._fail_event(self.queue.get_nowait(), ErrorCode.NOT_COORDINATOR,
+                                     f"partition {self.partition} failed: {self.failure}")
+                return
             except Exception as exc:
                 log.error("partition reload failed; retrying", partition=self.partition,
                           error=repr(exc), retry_in_s=delay)

@@ -34,12 +34,17 @@ from coordinator.config import ServerConfig
 from coordinator.group.config import ConfigError
 from coordinator.group.coordinator import RequestContext
 from coordinator.metrics import Metrics
+from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
-from coordinator.runtime.shard import ACTIVE, Shard, ShardUnavailable
+from coordinator.runtime.shard import ACTIVE, FAILED, Shard, ShardUnavailable
 from coordinator.server import kafka_apis
 from coordinator.server.connection import Connection
 
 log = logs.get("coordinator.server")
+
+
+class StartupError(Exception):
+    """The daemon cannot serve at all (e.g. no partition could be loaded): exit non-zero."""
 
 
 _HEARTBEAT = int(ApiKey.CONNECT_GROUP_HEARTBEAT)
@@ -82,6 +87,25 @@ class Router:
         raise KeyError(api_key)
 
     def malformed(self, api_key: int, version: int, message: str) -> Any | None:
+    def error_response(self, request: Any, code: int, message: str, items: bool = True) -> Any:
+        """``request``'s response carrying ``code`` (Kafka's ``getErrorResponse``): the
+        response-level error where the API has one, else the error on every item the request
+        named (``items=False``: none, the last resort when even that cannot be encoded)."""
+        api_key, version = type(request).__api_key__, type(request).__version__
+        if api_key == _HEARTBEAT:
+            return self._hb_error(request, self.server.heartbeat_interval_ms)(code, message)
+        if api_key == ApiKey.CONNECT_GROUP_DESCRIBE:
+            return ConnectGroupDescribeResponse(groups=tuple(
+                _desc.DescribedGroup(
+                    error_code=code, error_message=message, group_id=g, group_state="Dead",
+                    group_epoch=-1, assignment_epoch=-1, assignor_name=None,
+                    assigning_member_id=None)
+                for g in (request.group_ids if items else ())))
+        if api_key >= ApiKey.CONNECT_GROUP_HEARTBEAT:
+            return self._error(api_key)(code, message)
+        return kafka_apis.error_response(APIS[api_key].response_class(version),
+                                         request if items else None, code, message)
+
         text = f"malformed request: {message}"
         if api_key == ApiKey.CONNECT_GROUP_HEARTBEAT:
             return self._hb_error(None, self.server.heartbeat_interval_ms)(ErrorCode.INVALID_REQUEST, text)
@@ -165,12 +189,9 @@ class Router:
                     groups += await shard.read(lambda core: core.list_groups())
                 except ShardUnavailable as exc:
                     error = exc.code
-            response = kafka_apis.list_groups(cls, req, groups)
-            if error:
-                response = kafka_apis.build(cls, {
-                    **{f: getattr(response, f) for f in ("throttle_time", "groups")},
-                    "error_code": error})
-            return response
+            # The error goes into the one build: rebuilding the response from its own fields
+            # fed a parsed timedelta back into build() (TypeError; v0 has no throttle at all).
+            return kafka_apis.list_groups(cls, req, groups, error)
         return self._gather(run())
 
     def _describe_groups(self, cls: type, req: Any) -> asyncio.Future[Any]:
@@ -207,6 +228,12 @@ class CoordinatorServer:
         self.bound: tuple[str, int] = ("", 0)
         self.metrics_bound: tuple[str, int] | None = None
         self.metrics.register_groups(self._group_rows)
+        self._lock: datadir.DataDirLock | None = None
+        self.recovery_points: dict[int, int] = {}
+        """What the checkpoint file claims (and will claim): partition -> recovery point."""
+        self._loaded = False
+        self._checkpointer: asyncio.Task[None] | None = None
+        self.recovery_point_interval_s = config["log.recovery.point.interval.ms"] / 1000
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -256,7 +283,15 @@ class CoordinatorServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Before anything is written or recovered, and before listening: one daemon per data dir.
+        self._lock = datadir.lock_data_dir(self.data_dir)
         self._check_partitions()
+        try:
+            self.recovery_points = datadir.read_checkpoint(self.data_dir)
+        except datadir.BadCheckpoint as exc:
+            raise StartupError(str(exc)) from None
+        for shard in self.shards:
+            shard.recovery_point = self.recovery_points.get(shard.partition, 0)
         host, port = self.config.listen
         self._server = await loop.create_server(lambda: Connection(self), host, port,
                                                 reuse_address=True)
@@ -271,7 +306,39 @@ class CoordinatorServer:
         self._partition_states()
         await asyncio.gather(*(shard.load() for shard in self.shards))
         self._partition_states()
+        if all(shard.state == FAILED for shard in self.shards):
+            reasons = "; ".join(f"partition {s.partition}: {s.failure}" for s in self.shards)
+            raise StartupError(f"no partition of {self.data_dir} could be loaded: {reasons}")
+        self._loaded = True
+        await self._write_checkpoint()  # the recovered ends are durable (open() fsyncs them)
+        self._checkpointer = asyncio.create_task(self._checkpoint_loop())
         self._reaper = asyncio.create_task(self._reap_idle())
+
+    # -- recovery point ---------------------------------------------------------------------------
+    def _checkpoint_points(self) -> dict[int, int]:
+        """Each partition's durable offset; a partition without a usable log (failed, reloading)
+        keeps what the file claimed. Never lower than the file's claim."""
+        points = dict(self.recovery_points)
+        for shard in self.shards:
+            offset = shard.durable_offset
+            if offset is not None:
+                points[shard.partition] = max(offset, points.get(shard.partition, 0))
+        return points
+
+    async def _write_checkpoint(self) -> None:
+        points = self._checkpoint_points()
+        if points == self.recovery_points and (self.data_dir / datadir.CHECKPOINT_FILE).exists():
+            return
+        await asyncio.to_thread(datadir.write_checkpoint, self.data_dir, points)
+        self.recovery_points = points
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.recovery_point_interval_s)
+            try:
+                await self._write_checkpoint()
+            except OSError as exc:  # the logs keep working; the check just lags behind
+                log.error("cannot write the recovery-point checkpoint", error=repr(exc))
 
     def _check_partitions(self) -> None:
         """The partition count is fixed once data exists (groups would move partition)."""
@@ -314,7 +381,14 @@ class CoordinatorServer:
             self._reaper.cancel()
         # Let in-flight requests be answered (parked heartbeats are released by the shards).
         deadline = time.monotonic() + grace_s
+        if self._checkpointer is not None:
+            self._checkpointer.cancel()
         await asyncio.gather(*(shard.close() for shard in self.shards), return_exceptions=True)
+        if self._loaded:  # every log is synced and closed: claim where each one ends
+            try:
+                await self._write_checkpoint()
+            except OSError as exc:
+                log.error("cannot write the recovery-point checkpoint", error=repr(exc))
         while any(c.pending for c in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
@@ -325,6 +399,8 @@ class CoordinatorServer:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+        if self._lock is not None:
+            self._lock.release()
         log.info("stopped")
 
 
@@ -346,7 +422,11 @@ async def run(config: ServerConfig, ready: Callable[[str], None] | None = None) 
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, server.request_stop)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop(grace_s=0)
+        raise
     line = server.banner()
     (ready or (lambda s: print(s, flush=True)))(line)
     log.info("started", listen=f"{server.bound[0]}:{server.bound[1]}", partitions=len(server.shards))
@@ -365,6 +445,12 @@ def main_serve(config: ServerConfig) -> int:
     except ConfigError as exc:  # e.g. a --partitions that does not match the data dir
         print(f"connect-coordinator: configuration error: {exc}", file=sys.stderr)
         return 2
+    except datadir.DataDirLocked as exc:  # another daemon holds the data dir
+        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
+        return 2
+    except StartupError as exc:  # e.g. every partition failed to load
+        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
         return 1
