@@ -86,7 +86,6 @@ class Router:
             return lambda code, msg: ConnectGroupDescribeResponse(groups=())
         raise KeyError(api_key)
 
-    def malformed(self, api_key: int, version: int, message: str) -> Any | None:
     def error_response(self, request: Any, code: int, message: str, items: bool = True) -> Any:
         """``request``'s response carrying ``code`` (Kafka's ``getErrorResponse``): the
         response-level error where the API has one, else the error on every item the request
@@ -106,6 +105,7 @@ class Router:
         return kafka_apis.error_response(APIS[api_key].response_class(version),
                                          request if items else None, code, message)
 
+    def malformed(self, api_key: int, version: int, message: str) -> Any | None:
         text = f"malformed request: {message}"
         if api_key == ApiKey.CONNECT_GROUP_HEARTBEAT:
             return self._hb_error(None, self.server.heartbeat_interval_ms)(ErrorCode.INVALID_REQUEST, text)

@@ -72,7 +72,8 @@ _LAST = _LastBody()
 class _Slot:
     """One request's place in the connection's response order."""
 
-    __slots__ = ("correlation_id", "header_version", "api", "started", "frame", "error_code")
+    __slots__ = ("correlation_id", "header_version", "api", "started", "frame", "error_code",
+                 "request")
 
     def __init__(self, correlation_id: int, header_version: int, api: str, started: float) -> None:
         self.correlation_id = correlation_id
@@ -81,6 +82,7 @@ class _Slot:
         self.started = started
         self.frame: bytes | None = None
         self.error_code = 0
+        self.request: Any = None  # the decoded request (for an error response in its stead)
 
 
 class Connection(asyncio.Protocol):
@@ -187,15 +189,14 @@ class Connection(asyncio.Protocol):
                 return
             self._fill(slot, response, ErrorCode.INVALID_REQUEST)
             return
+        slot.request = request
         ctx = self._ctx
         if ctx.client_id != (client_id or "") or ctx.client_host != self.peer:
             ctx = self._ctx = RequestContext(client_id=client_id or "", client_host=self.peer)
         try:
             answer = self.server.router.dispatch(api_key, version, request, ctx)
-        except Exception as exc:  # a bug must not take the daemon down
-            log.error("request failed", api=api.name, error=repr(exc))
-            self.pending.remove(slot)
-            self.close()
+        except Exception as exc:  # a bug must not take the daemon (or this connection) down
+            self._failed(slot, exc)
             return
         if isinstance(answer, asyncio.Future):
             answer.add_done_callback(lambda f: self._done(slot, f))
@@ -208,19 +209,49 @@ class Connection(asyncio.Protocol):
             return
         exc = future.exception()
         if exc is not None:
-            log.error("request failed", api=slot.api, error=repr(exc))
-            self.close()
+            self._failed(slot, exc)
             return
         response = future.result()
         self._fill(slot, response, int(getattr(response, "error_code", 0) or 0))
 
-    def _fill(self, slot: _Slot, response: Any, error_code: int) -> None:
-        last = _LAST
-        if response is last.response:
-            body = last.body
+    def _failed(self, slot: _Slot, exc: BaseException) -> None:
+        """A handler raised (a bug): answer UNKNOWN_SERVER_ERROR, as Kafka answers an
+        unexpected exception, and keep serving (the requests behind it were lost with the
+        connection)."""
+        log.error("request failed", api=slot.api, error=repr(exc), peer=self.peer)
+        self._fill_error(slot, ErrorCode.UNKNOWN_SERVER_ERROR, f"internal error: {exc!r}")
+
+    def _fill_error(self, slot: _Slot, code: int, message: str) -> None:
+        router = self.server.router
+        for items in (True, False):  # the last resort: no per-item entries
+            try:
+                body = codec.encode(router.error_response(slot.request, code, message, items))
+            except Exception as exc:
+                log.error("cannot encode an error response", api=slot.api, error=repr(exc))
+                continue
+            self._fill(slot, None, code, body)
+            return
+        self.pending.remove(slot)
+        self.close()
+
+    def _fill(self, slot: _Slot, response: Any, error_code: int, body: bytes | None = None) -> None:
+        if body is not None:
+            pass
+        elif response is _LAST.response:
+            body = _LAST.body
         else:
-            body = codec.encode(response)
-            last.response, last.body = response, body
+            try:
+                body = codec.encode(response)
+            except Exception as exc:  # no encoder failure may take the connection down
+                log.error("cannot encode a response", api=slot.api, error=repr(exc), peer=self.peer)
+                if slot.request is None:  # unsupported version / malformed: nothing to answer
+                    self.pending.remove(slot)
+                    self.close()
+                    return
+                self._fill_error(slot, ErrorCode.UNKNOWN_SERVER_ERROR,
+                                 f"the response could not be encoded: {exc}")
+                return
+            _LAST.response, _LAST.body = response, body
         slot.frame = encode_response_frame(slot.correlation_id, body, slot.header_version)
         slot.error_code = int(error_code)
         # Flush once at the end of this loop turn: every response a shard commit resolved in

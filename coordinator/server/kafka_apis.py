@@ -21,6 +21,7 @@ from connect_wire.apis import APIS
 from connect_wire.errors import ErrorCode
 
 CLUSTER_ID = "connect-coordinator"
+UNKNOWN_TOPIC_ID = 100  # Kafka's code (Metadata v12+ lookups by topic id); only answered here
 NODE_ID = 0
 
 
@@ -99,11 +100,25 @@ def api_versions(version: int, error: int = 0) -> Any:
 
 
 def metadata(cls: type, request: Any, host: str, port: int) -> Any:
+    requested = getattr(request, "topics", None) or ()
+    version = cls.__version__
+    # Kafka (KafkaApis.handleTopicMetadataRequest): topic names cannot be null before v12 (the
+    # response's name is not nullable there; a null name made the encoder raise and the
+    # connection drop) -> INVALID_REQUEST for every requested topic, a null name answered as
+    # "" (MetadataRequest.getErrorResponse). From v12 a null name is a lookup by topic id.
+    invalid = version < 12 and any(getattr(t, "name", "") is None for t in requested)
     topics = []
-    for t in getattr(request, "topics", None) or ():
+    for t in requested:
         name = getattr(t, "name", None)
-        topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name,
-                       "topic_id": uuid.UUID(int=0), "is_internal": False, "partitions": []})
+        topic_id = getattr(t, "topic_id", None) or uuid.UUID(int=0)
+        if invalid:
+            code, name = ErrorCode.INVALID_REQUEST, name or ""
+        elif name is None:
+            code = UNKNOWN_TOPIC_ID
+        else:
+            code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        topics.append({"error_code": code, "name": name, "topic_id": topic_id,
+                       "is_internal": False, "partitions": []})
     return build(cls, {
         "throttle_time": 0,
         "brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
@@ -134,7 +149,9 @@ def find_coordinator(cls: type, request: Any, version: int, host: str, port: int
     return build(cls, {"throttle_time": 0, **one})
 
 
-def list_groups(cls: type, request: Any, groups: list[tuple[str, str]]) -> Any:
+def list_groups(cls: type, request: Any, groups: list[tuple[str, str]], error: int = 0) -> Any:
+    """``error``: a partition that did not answer (loading, failed); the groups of the others
+    are listed with it, as Kafka lists what the coordinators that answered hold."""
     states = {s.lower() for s in getattr(request, "states_filter", None) or ()}
     types = {t.lower() for t in getattr(request, "types_filter", None) or ()}
     listed = []
@@ -144,7 +161,31 @@ def list_groups(cls: type, request: Any, groups: list[tuple[str, str]]) -> Any:
                 continue
             listed.append({"group_id": group_id, "protocol_type": "connect",
                            "group_state": state, "group_type": "connect"})
-    return build(cls, {"throttle_time": 0, "error_code": 0, "groups": listed})
+    return build(cls, {"throttle_time": 0, "error_code": error, "groups": listed})
+
+
+def error_response(cls: type, request: Any | None, code: int, message: str) -> Any:
+    """A response of ``cls`` that carries ``code`` as Kafka's ``getErrorResponse`` builds it:
+    the top-level error where the version has one, else the error on every item the request
+    named (topics, coordinator keys, groups). ``request`` None: no items."""
+    values: dict[str, Any] = {"throttle_time": 0, "error_code": code, "error_message": message,
+                              "node_id": -1, "host": "", "port": -1, "controller_id": -1}
+    if request is not None:
+        v12 = cls.__version__ >= 12 if cls.__api_key__ == 3 else True
+        values["topics"] = [
+            {"error_code": code, "name": t.name if (t.name is not None or v12) else "",
+             "topic_id": getattr(t, "topic_id", None) or uuid.UUID(int=0), "is_internal": False,
+             "partitions": []}
+            for t in getattr(request, "topics", None) or ()]
+        values["coordinators"] = [
+            {"key": k, "node_id": -1, "host": "", "port": -1, "error_code": code,
+             "error_message": message} for k in getattr(request, "coordinator_keys", None) or ()]
+        if cls.__api_key__ == 15:  # DescribeGroups: one entry per requested group
+            values["groups"] = [
+                {"error_code": code, "group_id": g, "group_state": "", "protocol_type": "",
+                 "protocol_data": "", "members": [], "authorized_operations": -2147483648}
+                for g in request.groups]
+    return build(cls, values)
 
 
 def describe_groups(cls: type, described: list[Any]) -> Any:

@@ -1,0 +1,241 @@
+"""The daemon under hostile and faulty input (issue 11, items 4, 5, 6, 8, 9).
+
+Real daemons over real TCP (tests/daemon_fixture.py), except where a state cannot be reached
+from outside on purpose (a partition still loading: an in-process server that was not started).
+No assertion here is on wall-clock time: each checks what the design guarantees (an answer and
+its error code, a connection still serving, a member still in its group, a bounded count or
+size).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connect_wire import codec
+from connect_wire.apis import APIS, ApiKey
+from connect_wire.errors import ErrorCode as E
+from connect_wire.framing import encode_request_frame, parse_response_header
+from coordinator import config
+from coordinator.admin import AdminClient
+from coordinator.group.coordinator import RequestContext
+from coordinator.runtime.partitioner import partition_for
+from coordinator.server.app import CoordinatorServer
+from tests.daemon_fixture import Daemon, DaemonPool, run_cli
+from tests.test_daemon_e2e import Admin, assert_healthy, read_frame
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterable[DaemonPool]:
+    with DaemonPool(tmp_path) as p:
+        yield p
+
+
+def raw(d: Daemon) -> socket.socket:
+    return socket.create_connection((d.host, d.port), timeout=10)
+
+
+def frame(api_key: int, version: int, correlation_id: int, request: Any) -> bytes:
+    api = APIS[api_key]
+    return encode_request_frame(api_key, version, correlation_id, "hostile", codec.encode(request),
+                                header_version=api.request_header_version(version))
+
+
+def answer(sock: socket.socket, api_key: int, version: int, correlation_id: int) -> Any:
+    body = read_frame(sock)
+    got, offset = parse_response_header(body, APIS[api_key].response_header_version(version))
+    assert got == correlation_id
+    return codec.decode(APIS[api_key].response_class(version), body, offset)[0]
+
+
+def versions_request() -> Any:
+    return APIS[ApiKey.API_VERSIONS].request_class(3)(client_software_name="t",
+                                                      client_software_version="1")
+
+
+# == item 8: an encoder failure answers an error, the connection keeps serving =========================
+
+
+def test_metadata_null_topic_name_is_answered_and_the_connection_keeps_serving(pool: DaemonPool) -> None:
+    d = pool.start()
+    topic_id = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    with raw(d) as s:
+        out = b""
+        for corr, version in enumerate((10, 11, 12), start=1):
+            req_cls = APIS[ApiKey.METADATA].request_class(version)
+            topic_cls = req_cls.__dataclass_fields__["topics"].type.__args__[0].__args__[0]
+            req = req_cls(topics=(topic_cls(topic_id=topic_id, name=None),
+                                  topic_cls(topic_id=uuid.UUID(int=0), name="t")),
+                          allow_auto_topic_creation=False, include_topic_authorized_operations=False,
+                          **({"include_cluster_authorized_operations": False} if version < 11 else {}))
+            out += frame(ApiKey.METADATA, version, corr, req)
+        # Pipelined behind them: must be answered, in order, on the same connection.
+        out += frame(ApiKey.API_VERSIONS, 3, 4, versions_request())
+        s.sendall(out)
+        for corr, version in enumerate((10, 11), start=1):
+            r = answer(s, ApiKey.METADATA, version, corr)
+            # Kafka: topic names cannot be null before v12 -> INVALID_REQUEST for the request's
+            # topics (MetadataRequest.getErrorResponse: a null name is answered as "").
+            assert [(t.name, int(t.error_code)) for t in r.topics] == [
+                ("", E.INVALID_REQUEST), ("t", E.INVALID_REQUEST)], version
+        r = answer(s, ApiKey.METADATA, 12, 3)
+        # v12: a null name is a lookup by topic id (Kafka: UNKNOWN_TOPIC_ID, 100); no topics here.
+        assert [(t.name, t.topic_id, int(t.error_code)) for t in r.topics] == [
+            (None, topic_id, 100), ("t", None, E.UNKNOWN_TOPIC_OR_PARTITION)]  # the zero uuid reads as None
+        assert int(answer(s, ApiKey.API_VERSIONS, 3, 4).error_code) == 0
+    assert "Traceback" not in d.stderr() and "request failed" not in d.stderr()
+    assert_healthy(d)
+
+
+# == item 9: ListGroups while a partition is unavailable ===============================================
+
+
+def _group_on(partition: int, partitions: int, prefix: str) -> str:
+    return next(f"{prefix}{i}" for i in range(10_000)
+                if partition_for(f"{prefix}{i}", partitions) == partition)
+
+
+def test_list_groups_with_a_failed_partition(pool: DaemonPool, tmp_path: Path) -> None:
+    from kafka import KafkaAdminClient
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "partitions").write_text("2\n")
+    # Partition 1 cannot load: its directory is a file. Partition 0 serves.
+    (data / "partition-1").write_text("not a directory\n")
+    d = pool.start(data, extra_args=["--partitions", "2"])
+    live = _group_on(0, 2, "live-")
+    admin = Admin(d, live)
+    assert admin.alter({"A": 1}).error_code == 0
+    admin.close()
+
+    with AdminClient(d.host, d.port) as c:
+        for version in range(6):
+            cls = APIS[ApiKey.LIST_GROUPS].request_class(version)
+            kw = {"states_filter": ()} if version >= 4 else {}
+            kw |= {"types_filter": ()} if version >= 5 else {}
+            r = c.call(cls(**kw))
+            # The failed partition's error, and the groups of the partitions that answered.
+            assert int(r.error_code) == E.NOT_COORDINATOR, version
+            assert [g.group_id for g in r.groups] == [live], version
+        # Still serving on the same connection.
+        assert int(c.call(versions_request()).error_code) == 0
+
+    kafka = KafkaAdminClient(bootstrap_servers=d.bootstrap, client_id="kafka-python-hostile",
+                             request_timeout_ms=5000)
+    try:
+        # kafka-python raises the response's error (it saw an answer, not a closed connection).
+        with pytest.raises(Exception, match="NotCoordinator"):
+            kafka.list_groups()
+    finally:
+        kafka.close()
+
+    r = run_cli("groups", "list", "--json", "--bootstrap", d.bootstrap)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "NOT_COORDINATOR: some partitions did not answer" in r.stderr
+    assert live in r.stdout
+    assert_healthy(d)
+
+
+def test_list_groups_while_a_partition_loads(tmp_path: Path) -> None:
+    """The same branch while partitions are still loading (an in-process server whose
+    partitions were never loaded: every shard is in its LOADING state)."""
+    cfg = config.load(None, {"data.dir": str(tmp_path / "data"), "partitions": 2}, environ={})
+    server = CoordinatorServer(cfg)
+
+    async def run() -> list[Any]:
+        out = []
+        for version in range(6):
+            cls = APIS[ApiKey.LIST_GROUPS].request_class(version)
+            kw = {"states_filter": ()} if version >= 4 else {}
+            kw |= {"types_filter": ()} if version >= 5 else {}
+            answer = server.router.dispatch(ApiKey.LIST_GROUPS, version, cls(**kw), RequestContext())
+            response = await answer
+            codec.encode(response)  # encodable, as the connection will encode it
+            out.append(response)
+        return out
+
+    for response in asyncio.run(run()):
+        assert int(response.error_code) == E.COORDINATOR_LOAD_IN_PROGRESS
+        assert response.groups == ()
+
+
+_ = struct  # (used by later tests)
+
+
+async def _in_process(tmp_path: Path, **settings: Any) -> CoordinatorServer:
+    cfg = config.load(None, {"data.dir": str(tmp_path / "data"), "partitions": 1,
+                             "listeners": "127.0.0.1:0", "metrics.listener": "none", **settings},
+                      environ={})
+    server = CoordinatorServer(cfg)
+    await server.start()
+    return server
+
+
+async def _call(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, api_key: int,
+                version: int, corr: int, request: Any) -> Any:
+    writer.write(frame(api_key, version, corr, request))
+    (size,) = struct.unpack(">i", await reader.readexactly(4))
+    body = await reader.readexactly(size)
+    got, offset = parse_response_header(body, APIS[api_key].response_header_version(version))
+    assert got == corr
+    return codec.decode(APIS[api_key].response_class(version), body, offset)[0]
+
+
+def test_any_encoder_or_handler_failure_is_answered_with_an_error(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The safety net under every response path, whatever the bug: a response that cannot be
+    encoded (the Metadata bug as it was: a null name where the version forbids one) and a
+    handler that raises are each answered with an error response for that request, and the
+    requests pipelined behind them on the connection are answered too."""
+    from coordinator.server import kafka_apis
+
+    real_metadata = kafka_apis.metadata
+
+    def unencodable(cls: type, request: Any, host: str, port: int) -> Any:
+        response = real_metadata(cls, request, host, port)
+        topic = response.topics[0]
+        return type(response)(**{**{f: getattr(response, f) for f in response.__dataclass_fields__},
+                                 "topics": (type(topic)(**{**{f: getattr(topic, f) for f in
+                                                              topic.__dataclass_fields__},
+                                                           "name": None}),)})
+
+    def raising(*args: Any) -> Any:
+        raise RuntimeError("a bug in a handler")
+
+    monkeypatch.setattr(kafka_apis, "metadata", unencodable)
+    monkeypatch.setattr(kafka_apis, "find_coordinator", raising)
+
+    async def run() -> None:
+        server = await _in_process(tmp_path)
+        try:
+            reader, writer = await asyncio.open_connection(*server.bound)
+            req_cls = APIS[ApiKey.METADATA].request_class(9)
+            topic_cls = req_cls.__dataclass_fields__["topics"].type.__args__[0].__args__[0]
+            meta = req_cls(topics=(topic_cls(name="t"),), allow_auto_topic_creation=False,
+                           include_cluster_authorized_operations=False,
+                           include_topic_authorized_operations=False)
+            r = await _call(reader, writer, ApiKey.METADATA, 9, 1, meta)
+            assert [(t.name, int(t.error_code)) for t in r.topics] == [("t", E.UNKNOWN_SERVER_ERROR)]
+            find = APIS[ApiKey.FIND_COORDINATOR].request_class(4)(key_type=0, coordinator_keys=("a", "b"))
+            r = await _call(reader, writer, ApiKey.FIND_COORDINATOR, 4, 2, find)
+            assert [(c.key, int(c.error_code)) for c in r.coordinators] == [
+                ("a", E.UNKNOWN_SERVER_ERROR), ("b", E.UNKNOWN_SERVER_ERROR)]
+            assert "a bug in a handler" in (r.coordinators[0].error_message or "")
+            find3 = APIS[ApiKey.FIND_COORDINATOR].request_class(3)(key="a", key_type=0)
+            r = await _call(reader, writer, ApiKey.FIND_COORDINATOR, 3, 3, find3)
+            assert int(r.error_code) == E.UNKNOWN_SERVER_ERROR and r.node_id == -1
+            r = await _call(reader, writer, ApiKey.API_VERSIONS, 3, 4, versions_request())
+            assert int(r.error_code) == 0
+            writer.close()
+        finally:
+            await server.stop(grace_s=1)
+
+    asyncio.run(run())
