@@ -66,7 +66,8 @@ class Interval:
     pid: int
     start: float
     stop: float | None = None  # None: still running
-    end: str = "open"  # "stop" (recorded), "kill" (process SIGKILLed), "exit" (exited, no stop), "open"
+    end: str = "open"  # "stop" (recorded), "kill" (process SIGKILLed), "failstop" (the worker
+    # ended itself by the fail-stop rule), "exit" (exited, no stop), "open"
 
     def overlaps(self, other: Interval) -> bool:
         a_end = math.inf if self.stop is None else self.stop
@@ -114,10 +115,13 @@ def analyze(records: Iterable[Mapping[str, Any]], ended: Mapping[int, tuple[floa
     """Per item and worker process, the intervals [start, stop) from the recording plugin's lines.
 
     ``ended`` maps the pid of a worker process that is gone to (instant, how): ``"kill"``
-    (SIGKILL: it could not record its stops, so its open intervals end at that instant) or
+    (SIGKILL: it could not record its stops, so its open intervals end at that instant),
+    ``"failstop"`` (the worker ended itself because a plugin did not stop: the same) or
     ``"exit"`` (it exited by itself: an open interval is a plugin abandoned without ``stop()``,
     a problem; it is closed at that instant). A stop without a start, or a second start of an
-    item by the same process before its stop, is a problem too.
+    item by the same process before its stop, is a problem too. A ``tick`` (the plugin still
+    running) must fall inside an open interval of its process: a tick after its stop (an
+    abandoned plugin still running) or after its process ended is a problem.
     """
     events = sorted(records, key=lambda r: r["ts"])
     timeline = Timeline([], events=list(events))
@@ -137,13 +141,21 @@ def analyze(records: Iterable[Mapping[str, Any]], ended: Mapping[int, tuple[floa
                 timeline.problems.append(f"{e['item']} stopped by pid {e['pid']} without a start")
                 continue
             iv.stop, iv.end = e["ts"], "stop"
+        elif e["event"] == "block":
+            pass  # the plugin blocked its event loop (run.mode=block)
+        elif e["event"] == "tick":
+            if key not in open_:
+                timeline.problems.append(f"{e['item']} ticked in pid {e['pid']} ({e['worker']}) "
+                                         f"at {e['ts']:.3f} outside a start..stop")
+            elif e["pid"] in ended and e["ts"] > ended[e["pid"]][0]:
+                timeline.problems.append(f"{e['item']} ticked in pid {e['pid']} after it ended")
         else:
             timeline.problems.append(f"unknown event {e!r}")
     for (item, pid, _worker), iv in open_.items():
         if pid in ended:
             at, how = ended[pid]
             iv.stop, iv.end = max(at, iv.start), how
-            if how != "kill":
+            if how not in ("kill", "failstop"):
                 timeline.problems.append(f"{item} still running when pid {pid} ({iv.worker}) exited")
     return timeline
 

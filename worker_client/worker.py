@@ -21,7 +21,13 @@ I/O around it:
   others;
 * each running instance with a ``run()`` coroutine is supervised: a crash is logged, counted
   and the instance restarted with exponential backoff while it stays assigned (it keeps being
-  reported as owned: never silently dropped).
+  reported as owned: never silently dropped);
+* **fail-stop** (:mod:`worker_client.failstop`): an instance is reported stopped only once its
+  ``run()`` ended and its ``stop()`` returned within the stop budget; one that does not stop in
+  time ends the process (exit status 3), and so does anything still running at the lease's end
+  plus the stop budget, checked by a thread that does not need the event loop. The coordinator
+  holds a fenced member's items until its session deadline plus the same budget, so nothing
+  runs on two workers at once even when a plugin does not stop.
 
 Embedding: ``await Worker(...).run()`` until ``stop()``; hooks via a
 :class:`WorkerRebalanceListener`.
@@ -33,10 +39,12 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import itertools
 import os
+import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +64,7 @@ from worker_client.assignors import (
     install_request,
 )
 from worker_client.client import ConnectionFailed, CoordinatorClient
+from worker_client.failstop import FailStopGuard, exit_process
 from worker_client.membership import (
     Assign,
     AssignorAd,
@@ -82,6 +91,19 @@ class WorkerFailed(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class WorkerFailStopped(WorkerFailed):
+    """An instance could not be stopped within its budget (the fail-stop rule): only raised when
+    ``WorkerConfig.fail_stop`` is set and returned instead of ending the process."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(-1, f"fail-stop: {reason}")
+        self.reason = reason
+
+
+class _FailStopped(Exception):
+    """Unwinds an action after a fail-stop: nothing it stopped may be reported."""
 
 
 class WorkerRebalanceListener:
@@ -125,6 +147,12 @@ class WorkerConfig:
     assignors: Sequence[str] = ("incremental", "eager")
     request_timeout_ms: int = 30_000
     client_id: str = field(default_factory=lambda: f"connect-worker-{os.getpid()}")
+    fail_stop: Callable[[str], None] | None = None
+    """What to do when an instance cannot be stopped within its budget (the fail-stop rule,
+    :mod:`worker_client.failstop`). Default (None): log and end the process at once with exit
+    status 3. Replace it only with something that ends the work as surely (e.g. a supervisor
+    that kills the process); if it returns, the worker stops heartbeating and ``run()`` raises
+    :class:`WorkerFailStopped`, leaving the coordinator to expire the member."""
 
 
 def build_assignors(names: Sequence[str], max_delay_ms: int) -> list[Assignor]:
@@ -172,6 +200,13 @@ class Worker:
         self._running = False
         self._rebalance_started: float | None = None
         self.stopped = asyncio.Event()
+        # Fail-stop: per-stop deadlines (token -> (deadline ms, why)), read by the guard thread.
+        self._stop_deadlines: dict[int, tuple[int, str]] = {}
+        self._tokens = itertools.count()
+        self._failed_stop: str | None = None
+        self._fail_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._guard = FailStopGuard(self._fail_stop_probe, self._fail_stop, now_ms)
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -179,10 +214,27 @@ class Worker:
         return self.config.instance_id or self.membership.member_id or self.config.client_id
 
     @property
-    def stop_deadline_s(self) -> float:
+    def stop_budget_ms(self) -> int:
         """How long stopping one instance may take: half the rebalance timeout (the other half
-        is for the acknowledgement to reach the coordinator)."""
-        return max(0.1, self.config.rebalance_timeout_ms / 2000)
+        is for the acknowledgement to reach the coordinator). The coordinator computes the same
+        number from the rebalance timeout this worker announces, and holds a fenced member's
+        items that long past its session deadline."""
+        return max(100, self.config.rebalance_timeout_ms // 2)
+
+    @property
+    def stop_deadline_s(self) -> float:
+        return self.stop_budget_ms / 1000
+
+    @property
+    def fail_stop_margin_ms(self) -> int:
+        """The lease backstop fires this much before the coordinator's hold can end, for the
+        exit itself to complete (at most 100 ms, a tenth of the budget)."""
+        return min(100, self.stop_budget_ms // 10)
+
+    @property
+    def failed_stop(self) -> str | None:
+        """Why the fail-stop rule fired, if it did (only seen when ``config.fail_stop`` returns)."""
+        return self._failed_stop
 
     # -- main loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -190,20 +242,30 @@ class Worker:
         m = self.membership
         m.join(now_ms())
         self._running = True
+        self._loop = asyncio.get_running_loop()
+        self._guard.start()
         watchdog = asyncio.create_task(self._watchdog())
         log.info("joining", group=self.config.group_id, instance=self.config.instance_id)
         try:
             while not self._stop.is_set():
+                if self._failed_stop is not None:
+                    raise WorkerFailStopped(self._failed_stop)
                 if m.state == State.FAILED:
                     assert m.failure is not None
                     await self._settle_acting()
-                    await self._stop_all(lost=True)
+                    try:
+                        await self._stop_all(lost=True)
+                    except _FailStopped:
+                        continue
                     raise WorkerFailed(m.failure.code, m.failure.message)
                 acting = self._acting
                 if acting is not None and acting.done():
                     self._acting = None
                     acting.result()  # a bug in an action is not swallowed
-                    await self._sweep()
+                    if self._failed_stop is not None:
+                        continue
+                    with contextlib.suppress(_FailStopped):
+                        await self._sweep()
                 if self._acting is None and self._pending:
                     self._acting = asyncio.create_task(self._act(self._pending.popleft()))
                 # Fix: heartbeats used to stop while work was being stopped or started (the
@@ -227,8 +289,8 @@ class Worker:
                     task = asyncio.current_task()
                     if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
                         raise  # Fix: run() itself was cancelled; this used to be swallowed
-                    if self._stop.is_set():
-                        break
+                    if self._stop.is_set() or self._failed_stop is not None:
+                        continue
                     backoff = self.client.backoff_s()
                     log.info("heartbeat failed; retrying", error=str(exc) or "cancelled",
                              retry_in_ms=int(backoff * 1000))
@@ -249,9 +311,12 @@ class Worker:
             watchdog.cancel()
             if self._compute is not None:
                 self._compute.cancel()
-            await self._settle_acting()
+            if self._failed_stop is None:
+                await self._settle_acting()
             self._running = False
             self.stopped.set()
+        if self._failed_stop is not None:
+            raise WorkerFailStopped(self._failed_stop)
 
     async def _settle_acting(self) -> None:
         """Let a start or stop in progress finish (bounded by the stop deadline)."""
@@ -340,6 +405,8 @@ class Worker:
                     self._compute = asyncio.create_task(self._compute_assignment())
             elif isinstance(action, Fatal):
                 log.error("the coordinator refused this worker", error=action.message)
+        except _FailStopped:
+            pass  # nothing of this action is reported: the worker is as good as dead
         finally:
             self._observe()
             self._wake.set()
@@ -420,10 +487,14 @@ class Worker:
                     # revoked during the backoff.
                     inst.started = False
                     inst.stopping_crashed = True
+                    token = self._arm_stop(inst.item)
                     try:
-                        with contextlib.suppress(Exception):
-                            await asyncio.wait_for(inst.plugin.stop(), self.stop_deadline_s)
+                        await self._call_stop(inst, asyncio.get_running_loop().time()
+                                              + self.stop_deadline_s)
+                    except _FailStopped:
+                        return
                     finally:
+                        self._stop_deadlines.pop(token, None)
                         inst.stopping_crashed = False
                         self._uncount(inst)
                 inst.plugin = None
@@ -464,23 +535,97 @@ class Worker:
             del self._stopping[item]
 
     async def _stop_one(self, inst: _Instance) -> None:
+        """Stop one instance within the stop budget, or fail-stop (raises _FailStopped when the
+        fail action returns): the item is reported revoked only after this returns."""
         inst.stopping = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.stop_deadline_s  # for all of it: revocations are timed
-        sup = inst.supervisor
-        if sup is not None and not sup.done():
-            if not inst.stopping_crashed:
-                sup.cancel()  # starting (start() is then stopped below), running, or backing off
-            await asyncio.wait({sup}, timeout=self.stop_deadline_s)
-        if not inst.started or inst.plugin is None:
-            return
-        inst.started = False
+        token = self._arm_stop(inst.item)
         try:
-            await asyncio.wait_for(inst.plugin.stop(), max(0.01, deadline - loop.time()))
-        except Exception as exc:  # includes the deadline: the instance is abandoned, reported
-            log.error("instance did not stop cleanly", item=str(inst.item), error=repr(exc))
+            sup = inst.supervisor
+            if sup is not None and not sup.done():
+                if not inst.stopping_crashed:
+                    sup.cancel()  # starting (start() is then stopped below), running, or backing off
+                await asyncio.wait({sup}, timeout=max(0.0, deadline - loop.time()))
+                if not sup.done():
+                    self._overrun(inst, "its start() or run() did not end when cancelled")
+            if not inst.started or inst.plugin is None:
+                return
+            inst.started = False
+            await self._call_stop(inst, deadline)
+            self._uncount(inst)
+        finally:
+            self._stop_deadlines.pop(token, None)
+
+    async def _call_stop(self, inst: _Instance, deadline: float) -> None:
+        """``plugin.stop()`` by ``deadline`` (loop time). A stop() that raises has ended (logged
+        with its traceback, counted); one that has not ended by then is a fail-stop. Not
+        ``wait_for``: it would wait for a stop() that ignores its cancellation."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(inst.plugin.stop())
+        await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+        if not task.done():
+            task.cancel()
+            self._overrun(inst, "its stop() did not return")
+        exc = task.exception()
+        if exc is not None:
+            log.error("stop() raised; the instance counts as stopped", item=str(inst.item),
+                      error=repr(exc), exc_info=exc)
             self.metrics.failures.inc()
-        self._uncount(inst)
+
+    def _arm_stop(self, item: Item) -> int:
+        """Register a stop's deadline with the fail-stop guard (a thread: it fires even when a
+        plugin blocks the event loop)."""
+        token = next(self._tokens)
+        self._stop_deadlines[token] = (
+            now_ms() + self.stop_budget_ms,
+            f"the instance {item} did not stop within the stop budget of {self.stop_budget_ms} ms")
+        self._guard.poke()
+        return token
+
+    def _overrun(self, inst: _Instance, why: str) -> None:
+        self._fail_stop(f"the instance {inst.item} did not stop within the stop budget of "
+                        f"{self.stop_budget_ms} ms: {why}")
+        raise _FailStopped
+
+    def _fail_stop_probe(self) -> tuple[int, str] | None:
+        """The earliest fail-stop deadline (called by the guard thread: reads only)."""
+        best = None
+        for entry in list(self._stop_deadlines.values()):
+            if best is None or entry[0] < best[0]:
+                best = entry
+        m = self.membership
+        last = m.last_success_ms
+        if last is not None and (self.instances or self._stopping):
+            at = last + m.session_timeout_ms + self.stop_budget_ms - self.fail_stop_margin_ms
+            if best is None or at < best[0]:
+                best = (at, f"{len(self.instances) + len(self._stopping)} instance(s) still "
+                        f"running or stopping at the session lease's end plus the stop budget "
+                        f"({self.stop_budget_ms} ms), after which the coordinator may hand "
+                        "them to another worker")
+        return best
+
+    def _fail_stop(self, reason: str) -> None:
+        """End the process (or the configured action): from the loop or the guard thread."""
+        with self._fail_lock:
+            if self._failed_stop is not None:
+                return
+            self._failed_stop = reason
+        log.critical("fail-stop: ending the process so that no work can run on two workers",
+                     reason=reason, member_id=self.membership.member_id,
+                     epoch=self.membership.member_epoch, exit_status=3)
+        (self.config.fail_stop or exit_process)(reason)
+        # Only reached when a configured action returned: behave like a process that died
+        # (no more heartbeats, no leave, nothing reported).
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._after_fail_stop)
+
+    def _after_fail_stop(self) -> None:
+        self._stop.set()
+        if self._inflight is not None:
+            self._inflight.cancel()
+        self._wake.set()
 
     async def _stop_all(self, lost: bool = False) -> None:
         items = frozenset(self.instances)
@@ -531,6 +676,9 @@ class Worker:
         """Stop all work, then leave the group (-1; -2 for a static member's planned restart,
         which keeps its work held for it until its session expires)."""
         static = self.config.instance_id is not None if static is None else static
+        if self._failed_stop is not None:
+            await self._close_after_fail_stop()
+            return
         # Fix (found by the simulator, "stop-without-session"): stop the work *through the
         # loop*, as a revocation of everything, so heartbeats go on while the instances stop.
         # Stopping them after the loop had ended sent no heartbeat, and a shutdown longer than
@@ -561,7 +709,13 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopped.wait(), self.stop_deadline_s * 2 + 2)
         items = frozenset(self.instances)
-        await self._stop_items(items)
+        try:
+            await self._stop_items(items)
+        except _FailStopped:
+            pass
+        if self._failed_stop is not None:
+            await self._close_after_fail_stop()
+            return
         if items:
             await _call(self.listener.on_revoked, items)
         if self.membership.member_id:
@@ -581,6 +735,17 @@ class Worker:
                     await asyncio.sleep(self.client.backoff_s())
         self.membership.left()
         await self.client.close()
+        self._guard.close()
+
+    async def _close_after_fail_stop(self) -> None:
+        """A fail-stop whose configured action returned: like a dead process, no leave."""
+        self._stop.set()
+        self._wake.set()
+        if self._running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), 5)
+        await self.client.close()
+        self._guard.close()
 
 
 async def _call(hook: Any, items: frozenset[Item]) -> None:

@@ -12,14 +12,31 @@ written with one ``write`` on an ``O_APPEND`` file, so several worker processes 
 
 Use it as ``connector.class=worker_client.examples.recording:RecordingConnector``.
 Optional config: ``stop.delay.ms`` (sleep before acknowledging a stop, to make revocations
-slow), ``fail.after.ms`` (the task's ``run`` raises after that long, to exercise restarts).
+slow), ``fail.after.ms`` (the task's ``run`` raises after that long, to exercise restarts),
+``tick.ms`` (while running, record a ``tick`` event that often: evidence that the instance
+still runs, even if its process is killed before it can record a stop).
+
+Misbehaving on stop, to exercise the worker's fail-stop rule (docs/worker.md):
+
+* ``stop.mode=block``: ``stop()`` blocks the event loop (``time.sleep``) for ``stop.delay.ms``
+  (default 1 hour) before recording its stop;
+* ``stop.mode=hang``: ``stop()`` never returns and ignores cancellation;
+* ``stop.mode=raise``: ``stop()`` records its stop, then raises (a stop that ended, badly);
+* ``stop.mode=thread``: ``run()`` does its work (the ticks) in a thread that ignores the stop
+  flag; ``stop()`` sets the flag and waits for the thread, forever;
+* ``run.mode=ignore-cancel``: ``run()`` swallows its cancellation and keeps running;
+* ``run.mode=block``: ``block.after.ms`` (default 500) into ``run()``, block the event loop for
+  an hour (no heartbeats either); with ``block.once.file=PATH`` only the first instance to
+  create that file does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import threading
 import time
 
 
@@ -36,10 +53,23 @@ def _record(config: dict[str, str | None], item: str, event: str) -> None:
         os.close(fd)
 
 
+def _first(path: str | None) -> bool:
+    """True for the first caller to create ``path`` (always True without a path)."""
+    if not path:
+        return True
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    return True
+
+
 class RecordingTask:
     def __init__(self) -> None:
         self.config: dict[str, str | None] = {}
         self.item = ""
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
 
     async def start(self, config: dict[str, str | None]) -> None:
         self.config = config
@@ -48,22 +78,61 @@ class RecordingTask:
         self.item = f"{name}/{task}" if task is not None else name
         _record(config, self.item, "start")
 
+    def _tick_s(self) -> float | None:
+        tick = self.config.get("tick.ms")
+        return int(tick) / 1000 if tick else None
+
+    def _ticks_in_thread(self) -> None:
+        tick = self._tick_s() or 0.05
+        while True:  # ignores self._halt on purpose: stop.mode=thread
+            _record(self.config, self.item, "tick")
+            time.sleep(tick)
+
+    fails = True  # fail.after.ms applies (tasks only)
+
     async def run(self) -> None:
-        fail_after = self.config.get("fail.after.ms")
-        if fail_after is None:
-            await asyncio.Event().wait()  # run until stopped
-        await asyncio.sleep(int(fail_after) / 1000)
+        if self.config.get("stop.mode") == "thread":
+            self._thread = threading.Thread(target=self._ticks_in_thread, daemon=True)
+            self._thread.start()
+        fail_after = self.config.get("fail.after.ms") if self.fails else None
+        until = None if fail_after is None else time.monotonic() + int(fail_after) / 1000
+        tick = self._tick_s() if self._thread is None else None
+        if self.config.get("run.mode") == "block":
+            await asyncio.sleep(int(self.config.get("block.after.ms") or 500) / 1000)
+            if _first(self.config.get("block.once.file")):
+                _record(self.config, self.item, "block")
+                time.sleep(3600)  # blocks the whole event loop
+        while until is None or time.monotonic() < until:
+            left = 3600.0 if until is None else max(0.0, until - time.monotonic())
+            try:
+                await asyncio.sleep(left if tick is None else min(tick, left))
+                if tick is not None:
+                    _record(self.config, self.item, "tick")
+            except asyncio.CancelledError:
+                if self.config.get("run.mode") != "ignore-cancel":
+                    raise
         raise RuntimeError(f"{self.item} failed on purpose after {fail_after} ms")
 
     async def stop(self) -> None:
+        mode = self.config.get("stop.mode") or "normal"
         delay = self.config.get("stop.delay.ms")
-        if delay:
+        if mode == "block":
+            time.sleep(int(delay or 3_600_000) / 1000)  # blocks the whole event loop
+        elif mode == "hang":
+            while True:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(3600)
+        elif mode == "thread":
+            self._halt.set()
+            if self._thread is not None:
+                await asyncio.to_thread(self._thread.join)  # the thread ignores the flag
+        elif delay:
             await asyncio.sleep(int(delay) / 1000)
         _record(self.config, self.item, "stop")
+        if mode == "raise":
+            raise RuntimeError(f"{self.item}: stop() failed on purpose (after stopping)")
 
 
 class RecordingConnector(RecordingTask):
     task_class = RecordingTask
-
-    async def run(self) -> None:
-        await asyncio.Event().wait()
+    fails = False

@@ -1,0 +1,74 @@
+"""The fail-stop guard (worker_client/failstop.py) and the deadlines the worker gives it."""
+
+from __future__ import annotations
+
+import threading
+
+from connect_wire.items import Item
+from worker_client.failstop import FailStopGuard
+from worker_client.worker import Worker, WorkerConfig, _Instance, now_ms
+
+
+def _guard(probe, idle_wait_s: float = 10.0):  # type: ignore[no-untyped-def]
+    fired: list[tuple[str, int]] = []
+    done = threading.Event()
+
+    def fail(reason: str) -> None:
+        fired.append((reason, now_ms()))
+        done.set()
+    return FailStopGuard(probe, fail, now_ms, idle_wait_s=idle_wait_s), fired, done
+
+
+def test_fires_once_at_the_deadline_not_before() -> None:
+    deadline = now_ms() + 80
+    g, fired, done = _guard(lambda: (deadline, "late"))
+    g.start()
+    assert done.wait(10)
+    g.close()
+    assert len(fired) == 1 and fired[0][0] == "late"
+    assert fired[0][1] >= deadline
+    assert g.fired == "late"
+
+
+def test_a_deadline_withdrawn_in_time_never_fires_and_poke_brings_an_earlier_one() -> None:
+    state: dict[str, tuple[int, str] | None] = {"d": (now_ms() + 60_000, "far")}
+    g, fired, done = _guard(lambda: state["d"], idle_wait_s=30.0)
+    g.start()
+    assert g.check() is None
+    state["d"] = None  # the stop ended
+    g.poke()
+    assert not done.wait(0.2) and not fired
+    state["d"] = (now_ms() + 30, "soon")  # a new stop, earlier than the guard's idle wait
+    g.poke()
+    assert done.wait(10), "poke made the guard re-read the probe"
+    g.close()
+    assert [r for r, _ in fired] == ["soon"]
+
+
+def test_close_stops_the_thread() -> None:
+    g, fired, _ = _guard(lambda: None)
+    g.start()
+    g.close()
+    assert g._thread is None and not fired
+
+
+def test_worker_deadlines_per_stop_and_lease_backstop() -> None:
+    w = Worker(WorkerConfig(bootstrap=[("127.0.0.1", 1)], group_id="g", rebalance_timeout_ms=4000,
+                            session_timeout_ms=3000, fail_stop=lambda r: None))
+    assert (w.stop_budget_ms, w.fail_stop_margin_ms) == (2000, 100)
+    assert w._fail_stop_probe() is None  # nothing runs, no lease
+    w.membership.last_success_ms = 1_000_000
+    assert w._fail_stop_probe() is None  # a lease but nothing runs
+    item = Item("c", 0)
+    w.instances[item] = _Instance(item, None, {})
+    assert w._fail_stop_probe()[0] == 1_000_000 + 3000 + 2000 - 100  # lease end + budget - margin
+    w.membership.last_success_ms = now_ms()  # a fresh lease: the stop's deadline comes first
+    before = now_ms()
+    token = w._arm_stop(item)
+    at, why = w._fail_stop_probe()
+    assert before + 2000 <= at <= now_ms() + 2000 and "c/0" in why and "2000 ms" in why
+    w._stop_deadlines.pop(token)
+    w._guard.close()
+    # A tiny rebalance timeout still gives stops 100 ms (the coordinator's floor too).
+    tiny = Worker(WorkerConfig(bootstrap=[("h", 1)], group_id="g", rebalance_timeout_ms=50))
+    assert tiny.stop_budget_ms == 100
