@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.group.config import MAX_TASKS_CEILING, ConfigError, GroupCoordinatorConfig
-from coordinator.runtime.log import FsyncPolicy
+from coordinator.runtime.log import DEFAULT_MAX_BATCH_BYTES, FsyncPolicy
 
 ENV_PREFIX = "CONNECT_COORDINATOR_"
 
@@ -104,6 +104,11 @@ def _fsync(v: str) -> str | None:
     return None
 
 
+def _group_list(v: str) -> str | None:
+    return None if all(part.strip() for part in v.split(",")) or not v.strip() else (
+        "must be comma-separated non-empty group ids")
+
+
 def _one_of(*choices: str) -> Callable[[str], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
@@ -119,6 +124,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics.listener", str, "127.0.0.1:9464",
             "HOST:PORT of the Prometheus /metrics endpoint; 'none' disables it.",
             _optional_hostport),
+    Setting("metrics.groups", str, "",
+            "Comma-separated group ids that get per-group series "
+            "(connect_coordinator_group_members{group}); empty: none. Every other group is only "
+            "counted in aggregates, so the number of series never grows with the number of "
+            "groups.", _group_list),
     Setting("data.dir", str, "./data", "Directory of the partition logs (created if missing)."),
     Setting("partitions", int, 8,
             "Number of log partitions (shards); a group lives in abs(hash(group)) % partitions. "
@@ -155,6 +165,10 @@ SETTINGS: tuple[Setting, ...] = (
             f"Most items (connectors plus their tasks) one group may configure; "
             f"ConnectGroupAlterConnectors beyond it gets INVALID_REQUEST. At most {MAX_TASKS_CEILING:,}.",
             lambda v: None if 1 <= v <= MAX_TASKS_CEILING else f"must be within [1, {MAX_TASKS_CEILING}]"),
+    Setting("group.max.groups", int, _G.max_groups,
+            "Most groups this coordinator hosts, all partitions together; a heartbeat join or "
+            "ConnectGroupAlterConnectors that would create one more gets INVALID_REQUEST. Groups "
+            "already in the log load regardless.", _positive),
     Setting("group.connect.empty.group.retention.ms", int, _G.empty_group_retention_ms,
             "A group with no members and no connectors is deleted after this long.",
             _non_negative),
@@ -215,7 +229,15 @@ class ServerConfig:
             max_size=self["group.connect.max.size"],
             max_tasks=self["group.connect.max.tasks"],
             empty_group_retention_ms=self["group.connect.empty.group.retention.ms"],
+            max_groups=self["group.max.groups"],
+            max_batch_bytes=DEFAULT_MAX_BATCH_BYTES,
         )
+
+    @property
+    def metrics_groups(self) -> frozenset[str]:
+        """Groups with per-group metric series (``metrics.groups``)."""
+        return frozenset(p.strip() for p in self["metrics.groups"].split(",") if p.strip())
+
 
 
 def load(

@@ -779,7 +779,9 @@ def test_admin_client_survives_a_bad_peer() -> None:
 
 
 def test_metrics_over_http(pool: DaemonPool) -> None:
-    d = pool.start(extra_args=["--partitions", "3"])
+    # Per-group series only for the groups named in metrics.groups (tests/test_limits.py).
+    d = pool.start(extra_args=["--partitions", "3"],
+                   extra_env={"CONNECT_COORDINATOR_METRICS_GROUPS": "g,other"})
     assert d.partitions == 3
     m = scrape(d)
     assert m[("connect_coordinator_partition_count", frozenset({("state", "active")}))] == 3
@@ -804,6 +806,7 @@ def test_metrics_over_http(pool: DaemonPool) -> None:
     assert m[("connect_coordinator_connect_group_count", frozenset({("state", "Stable")}))] == 1
     assert m[("connect_coordinator_connect_group_count", frozenset({("state", "Assigning")}))] == 0
     assert m[("connect_coordinator_group_members", frozenset({("group", "g")}))] == 1
+    assert m[("connect_coordinator_members", frozenset())] == 1
     assert m[("connect_coordinator_rebalance_total", frozenset())] >= 1
     assert m[("connect_coordinator_heartbeat_parked", frozenset())] == 0
     assert m[("connect_coordinator_connections", frozenset())] == 2

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 SESSION_TIMEOUT = "group.connect.session.timeout.ms"
 HEARTBEAT_INTERVAL = "group.connect.heartbeat.interval.ms"
 GROUP_OVERRIDES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
 MAX_TASKS = "group.connect.max.tasks"
+MAX_GROUPS = "group.max.groups"
+DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
+"""The partition log's batch limit (``coordinator.runtime.log.DEFAULT_MAX_BATCH_BYTES``, which a
+test keeps equal): no handler's records may take more, whatever the request."""
 MAX_TASKS_CEILING = 1_000_000
 """The most items (connectors plus tasks) ``group.connect.max.tasks`` may allow a group. A log
 record configuring more is refused on replay: no coordinator can have written it, and building
@@ -34,6 +39,17 @@ class GroupCoordinatorConfig:
     """A group with no members and no connectors is deleted after this long."""
     assignment_timeout_floor_ms: int = 1_000
     """The least time a chosen worker gets to compute an assignment."""
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    """The log's batch limit: AlterConnectors refuses a group whose connectors record plus one
+    assignment of all its items would not fit one batch (every later write of the group's
+    items would fail)."""
+    max_groups: int = 10_000
+    """``group.max.groups``: groups the whole daemon may host (all partitions together)."""
+    group_count: Callable[[], int] | None = field(default=None, compare=False, repr=False)
+    """How many groups the daemon hosts now, all partitions together (the runtime passes a
+    function summing its shards' group tables; every shard runs on one event loop and a
+    handler runs without yielding, so the count cannot change between a check and the
+    creation it allows). None: this coordinator's own groups only."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -57,6 +73,10 @@ class GroupCoordinatorConfig:
         if self.max_size < 1:
             raise ConfigError("group.connect.max.size must be >= 1")
         bounded(MAX_TASKS, self.max_tasks, 1, MAX_TASKS_CEILING)
+        if self.max_groups < 1:
+            raise ConfigError(f"{MAX_GROUPS} must be >= 1")
+        if self.max_batch_bytes < 1024:
+            raise ConfigError("max_batch_bytes must be >= 1024")
         if self.empty_group_retention_ms < 0:
             raise ConfigError("empty group retention must be >= 0")
 

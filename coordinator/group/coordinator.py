@@ -87,6 +87,7 @@ from .model import (
     split_items,
 )
 from .reconciliation import next_assignment
+from .records import assignment_bytes, connectors_log_bytes
 from .state import CoordinatorState, ReplayError
 
 E = ErrorCode
@@ -538,8 +539,21 @@ class GroupCoordinator:
         g = self.state.groups.get(group_id)
         return self.config.for_group(g.configs if g is not None else {})
 
+    def _check_group_cap(self, group_id: str) -> None:
+        """``group.max.groups``: a new group beyond it is refused (issue 11, item 12)."""
+        count = self.config.group_count
+        hosted = count() if count is not None else len(self.state.groups)
+        if hosted >= self.config.max_groups:
+            raise _Reject(
+                E.INVALID_REQUEST,
+                f"Group {group_id} cannot be created: this coordinator hosts {hosted:,} groups, "
+                f"group.max.groups is {self.config.max_groups:,}.",
+            )
+
     def _get_or_create_group(self, txn: _Txn, group_id: str, now_ms: int) -> Group:
         g = self.state.groups.get(group_id)
+        if g is None:
+            self._check_group_cap(group_id)
         if g is None or not g.has_metadata:
             txn.write(rec.group_metadata(group_id, g.epoch if g is not None else 0))
             g = self.state.groups[group_id]
@@ -1356,6 +1370,10 @@ class GroupCoordinator:
                 f"Group {req.group_id} would have {total} items (connectors plus tasks); "
                 f"group.connect.max.tasks is {self.config.max_tasks}.",
             )
+        if updated != current:
+            self._check_log_footprint(req.group_id, current, updated)
+        if g is None:
+            self._check_group_cap(req.group_id)
         epoch = g.epoch if g is not None else 0
         if req.validate_only or updated == current:
             if not req.validate_only and g is None:
@@ -1384,6 +1402,46 @@ class GroupCoordinator:
             g.soft.empty_since_ms = None
         self._after(txn, g, now_ms)
         return ConnectGroupAlterConnectorsResponse(group_epoch=g.epoch)
+
+    def _check_log_footprint(
+        self, group_id: str, current: dict[str, ConnectorSpec], updated: dict[str, ConnectorSpec]
+    ) -> None:
+        """Refuse connectors whose records could never be written (issue 11, item 7).
+
+        Every write that carries a group's items derives from its connectors: this write holds
+        the connectors record and may rewrite targets (each item once at most); a heartbeat may
+        write a member's current assignment twice (a rejoin, then its reconciliation), each
+        holding every item at most; an install writes every item once over the members' target
+        records. So the connectors record plus one assignment of all items, and two such
+        assignments, must each fit one log batch; otherwise this write, or a later heartbeat or
+        install of the group, would fail whenever it was retried. What else those records
+        carry (assignor metadata, member ids) comes from one request, bounded by its frame. A
+        group above the limit (a lowered limit) may still shrink."""
+        limit = self.config.max_batch_bytes
+        item_bytes = assignment_bytes(updated.values())
+        # A cheap bound first (4 bytes per character, 5 per varint, 13 per config entry,
+        # 64 per connector): most requests are far below the limit and are never encoded here.
+        rough = item_bytes + 64 * len(updated) + 4 * len(group_id) + 128
+        for c in updated.values():
+            rough += 4 * len(c.name) + sum(4 * len(k) + 4 * len(v or "") + 13 for k, v in c.config)
+        if max(rough, 2 * item_bytes) <= limit:
+            return
+        config_bytes = connectors_log_bytes(group_id, updated.values())
+        need = max(config_bytes + item_bytes, 2 * item_bytes)
+        if need <= limit:
+            return
+        had = assignment_bytes(current.values())
+        if need <= max(connectors_log_bytes(group_id, current.values()) + had, 2 * had):
+            return
+        raise _Reject(
+            E.INVALID_REQUEST,
+            f"Group {group_id}'s connectors would need {need:,} bytes in one coordinator log "
+            f"batch (their configuration record takes {config_bytes:,} bytes and an assignment "
+            f"of their {item_count(updated.values()):,} items {item_bytes:,}; one write may "
+            "carry the record and an assignment, or an assignment twice): "
+            f"{need - limit:,} bytes over the log's batch limit of {limit:,} bytes. Use "
+            "smaller configs, fewer tasks or shorter connector names.",
+        )
 
     def _describe_group(self, group_id: str) -> Any:
         g = self.state.groups.get(group_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from connect_wire import codec
 from connect_wire.records import (
     CurrentMemberAssignmentKey,
     CurrentMemberAssignmentValue,
@@ -160,6 +161,53 @@ def group_configuration(group_id: str, configs: dict[str, str | None]) -> Record
 
 def tombstone(key: Any) -> Record:
     return Record(key, None)
+
+
+# -- sizes in the log -------------------------------------------------------------------------
+# What a batch of records takes in a partition log, computed here so that the core can refuse a
+# write that could never fit the log's batch limit when it is asked for (issue 11, item 7). The
+# layout is the runtime's (coordinator/runtime/serde.py: a 4-byte header before a key, 2 before
+# a value; coordinator/runtime/log.py: a 29-byte batch header, 8 length bytes per record);
+# tests/test_limits.py checks these sizes equal the bytes the log writes.
+BATCH_HEADER_BYTES = 29
+RECORD_OVERHEAD_BYTES = 8 + 4 + 2
+
+
+def batch_bytes(records: Iterable[Record]) -> int:
+    """The exact size of ``records`` written as one log batch."""
+    total = BATCH_HEADER_BYTES
+    for key, value in records:
+        total += RECORD_OVERHEAD_BYTES + len(codec.encode(key))
+        if value is not None:
+            total += len(codec.encode(value))
+        else:
+            total -= 2  # a tombstone has no value header
+    return total
+
+
+def _uvarint_bytes(n: int) -> int:
+    size = 1
+    while n >= 0x80:
+        n >>= 7
+        size += 1
+    return size
+
+
+def connectors_log_bytes(group_id: str, connectors: Iterable[ConnectorSpec]) -> int:
+    """The exact size of the group's connectors record written alone as one log batch."""
+    return batch_bytes([group_connectors(group_id, 0, connectors)])
+
+
+def assignment_bytes(connectors: Iterable[ConnectorSpec]) -> int:
+    """What every item of ``connectors`` takes in assignment records (target or current): a
+    connector as a compact string, each of its tasks as a TaskId struct (the connector's name
+    again, an int32 and the struct's tagged-field byte). Computed without building the items."""
+    total = 0
+    for c in connectors:
+        n = len(c.name.encode("utf-8", "surrogatepass"))
+        name = _uvarint_bytes(n + 1) + n
+        total += name + max(c.task_count, 0) * (name + 5)
+    return total
 
 
 # -- converters back to the model -------------------------------------------------------------

@@ -46,6 +46,7 @@ from coordinator.group.state import ReplayError
 from coordinator.metrics import Metrics
 from coordinator.runtime import serde
 from coordinator.runtime.log import (
+    BatchTooLarge,
     BehindRecoveryPoint,
     FsyncPolicy,
     PartitionLog,
@@ -392,6 +393,30 @@ class Shard:
         if ev.future is not None and not ev.future.done():
             ev.future.set_result(value)
 
+    OVERSIZE_WARNING_INTERVAL_S = 10.0
+    _oversize_warned_at = float("-inf")
+    _oversize_unlogged = 0
+
+    def _refuse_oversize(self, ev: _Event, exc: BatchTooLarge) -> None:
+        """A batch that alone exceeds the log's batch limit can never be written: answer a
+        non-retriable INVALID_REQUEST naming the limit (not COORDINATOR_NOT_AVAILABLE, which a
+        client retries forever), with one warning per interval at most (issue 11, item 7). The
+        core refuses what it can foresee (AlterConnectors); this catches the rest."""
+        over = exc.size - exc.limit
+        message = (f"the records this request would write take {exc.size:,} bytes, {over:,} "
+                   f"bytes over the coordinator log's batch limit of {exc.limit:,} bytes; "
+                   "it can never be written")
+        now = time.monotonic()
+        if now - self._oversize_warned_at >= self.OVERSIZE_WARNING_INTERVAL_S:
+            log.warning("refused a write larger than the log's batch limit",
+                        partition=self.partition, bytes=exc.size, limit=exc.limit,
+                        refused_since_last_warning=self._oversize_unlogged)
+            self._oversize_warned_at = now
+            self._oversize_unlogged = 0
+        else:
+            self._oversize_unlogged += 1
+        self._fail_event(ev, ErrorCode.INVALID_REQUEST, message)
+
     def _apply(self, ev: _Event) -> Result | None:
         now = now_ms()
         try:
@@ -405,6 +430,10 @@ class Shard:
             try:
                 assert self.log is not None
                 self.log.append([serde.encode_record(r) for r in result.records], now)
+            except BatchTooLarge as exc:  # nothing was written; retrying cannot help
+                self.core.rollback(result)
+                self._refuse_oversize(ev, exc)
+                return None
             except Exception as exc:
                 self.core.rollback(result)
                 log.error("log append failed", partition=self.partition, error=repr(exc))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -205,7 +206,9 @@ class CoordinatorServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        group_config = config.group_config()
+        # group.max.groups counts the groups of every partition (a new group is checked, then
+        # created, within one handler on this one event loop: no other shard runs in between).
+        group_config = dataclasses.replace(config.group_config(), group_count=self.group_count)
         self.heartbeat_interval_ms = group_config.heartbeat_interval_ms
         self.max_frame_bytes = config["socket.max.frame.bytes"]
         self.max_connections = config["socket.max.connections"]
@@ -227,7 +230,7 @@ class CoordinatorServer:
         self._stopped = asyncio.Event()
         self.bound: tuple[str, int] = ("", 0)
         self.metrics_bound: tuple[str, int] | None = None
-        self.metrics.register_groups(self._group_rows)
+        self.metrics.register_groups(self._group_rows, config.metrics_groups)
         self._lock: datadir.DataDirLock | None = None
         self.recovery_points: dict[int, int] = {}
         """What the checkpoint file claims (and will claim): partition -> recovery point."""
@@ -243,6 +246,10 @@ class CoordinatorServer:
             return parse_hostport(text)
         host, port = self.bound
         return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else host, port)
+
+    def group_count(self) -> int:
+        """Groups hosted by every partition (loaded ones; ``group.max.groups`` counts these)."""
+        return sum(len(shard.core.state.groups) for shard in self.shards)
 
     def _group_rows(self) -> Iterator[tuple[str, str, int]]:
         for shard in list(self.shards):
