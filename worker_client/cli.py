@@ -4,6 +4,10 @@
 
 SIGTERM or SIGINT stop the work and leave the group (-1; with --instance-id, -2: a planned
 restart keeps the work held for this instance until its session expires; --leave forces -1).
+
+Exit status: 0 after a clean stop, 1 when the coordinator refused the worker, 2 for a usage or
+configuration error, 3 for a fail-stop (a plugin did not stop within the stop budget, so the
+process ended itself rather than let its work run on two workers; see docs/worker.md).
 """
 
 from __future__ import annotations
@@ -27,9 +31,15 @@ def _hostport(text: str) -> tuple[str, int]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="connect-worker",
                                 description="A worker of a connect group: runs the connectors and "
-                                "tasks the coordinator assigns it.")
+                                "tasks the coordinator assigns it.",
+                                epilog="Exit status: 0 stopped cleanly, 1 refused by the coordinator, "
+                                "2 usage or configuration error, 3 fail-stop (a plugin did not stop "
+                                "within its stop budget; restart the worker).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    r = sub.add_parser("run", help="join a group and work until stopped")
+    r = sub.add_parser("run", help="join a group and work until stopped",
+                       epilog="Exit status: 0 stopped cleanly, 1 refused by the coordinator, 2 usage "
+                       "or configuration error, 3 fail-stop (a plugin did not stop within its stop "
+                       "budget; restart the worker).")
     r.add_argument("--bootstrap", type=_hostport, action="append", required=True, metavar="HOST:PORT",
                    help="a coordinator address (repeatable)")
     r.add_argument("--group", required=True, help="the worker group (cluster) to join")
@@ -44,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
                    "(incremental assignor; default 300000, 0 = reassign at once)")
     r.add_argument("--rebalance-timeout-ms", type=int, default=60_000,
                    help="time allowed to stop revoked work (default 60000): each stop gets half "
-                   "of it, and the coordinator holds a fenced or crashed worker's work that half "
-                   "past its session before anyone else may start it")
+                   "of it (the stop budget), and the coordinator holds a fenced or crashed worker's "
+                   "work that half past its session before anyone else may start it. A plugin that "
+                   "has not stopped within the budget ends this process (exit status 3)")
     r.add_argument("--session-timeout-ms", type=int, default=10_000,
                    help="the coordinator's session timeout: without a heartbeat this long the worker "
                    "stops its work itself (default 10000)")

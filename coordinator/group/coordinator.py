@@ -964,6 +964,8 @@ class GroupCoordinator:
         here (the lease runs from the *send* time of its last acknowledged heartbeat). Each
         stop may take half its rebalance timeout (the worker's stop budget). Handing its items
         on before that end could start them twice (found by the simulator: "fence-stop-tail").
+        The worker's side of the bargain is the fail-stop rule (worker_client/failstop.py):
+        nothing of it runs past its lease's end plus that budget, or its process ends.
         A member that left statically (-2) stopped everything before it left: no hold."""
         cur = g.current.get(member_id)
         m = g.members.get(member_id)
