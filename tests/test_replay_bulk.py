@@ -29,6 +29,7 @@ from typing import Any
 from unittest import mock
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.stateful import invariant
 
@@ -46,6 +47,7 @@ from coordinator.group.model import (
     TargetMember,
 )
 from coordinator.group.state import CoordinatorState, ReplayError
+from coordinator.group.validation import validate_current_epoch, validate_item_set
 from coordinator.runtime import serde
 from coordinator.runtime.log import PartitionLog
 from tests.test_group_property import ConnectGroupMachine
@@ -385,6 +387,14 @@ def _check_decoders(key: bytes, value: bytes | None) -> None:
     assert _outcome(fast) == expected
     assert _outcome(fast) == expected  # again, from the caches
     if kind == 6 and expected[0] == "ok":  # the loop's cached path: same rest, another head
+        c = expected[1][0]
+        if validate_current_epoch(c.epoch) or validate_item_set(c.owned, "items"):
+            # content the API refuses: replay refuses it too (issue 11, item 3), both ways
+            with pytest.raises(ReplayError):
+                serde.replay_log(CoordinatorState(), [[(key, value)]])
+            with pytest.raises(ReplayError):
+                CoordinatorState().replay(serde.decode_record(key, value))
+            return
         state = CoordinatorState()
         serde.replay_log(state, [[(key, value)]])
         head = struct.pack(">hiib", 0, 7, 6, 1)

@@ -89,6 +89,7 @@ from .model import (
 from .reconciliation import next_assignment
 from .records import assignment_bytes, connectors_log_bytes
 from .state import CoordinatorState, ReplayError
+from .validation import validate_assignors, validate_connector
 
 E = ErrorCode
 
@@ -166,24 +167,7 @@ def _uuid_member_id() -> str:
     return str(uuid.uuid4())
 
 
-def _validate_assignors(assignors: Iterable[Any]) -> str | None:
-    names: set[str] = set()
-    for a in assignors:
-        if not a.name:
-            return "Assignor.Name must be non-empty."
-        if a.name in names:
-            return f"Assignor.Name {a.name!r} is listed twice."
-        names.add(a.name)
-        if a.minimum_version < -1:
-            return f"Assignor {a.name}: MinimumVersion must be >= -1."
-        if a.maximum_version < 0 or a.maximum_version < a.minimum_version:
-            return f"Assignor {a.name}: MaximumVersion must be >= 0 and >= MinimumVersion."
-        if not a.minimum_version <= a.metadata_version <= a.maximum_version:
-            return (
-                f"Assignor {a.name}: MetadataVersion must be within "
-                "[MinimumVersion, MaximumVersion]."
-            )
-    return None
+_validate_assignors = validate_assignors  # shared with replay (coordinator.group.validation)
 
 
 def _validate_items(connectors: Iterable[str] | None, tasks: Iterable[Any] | None, what: str) -> str | None:
@@ -1334,21 +1318,13 @@ class GroupCoordinator:
             raise _Reject(E.INVALID_REQUEST, "GroupId must be non-empty.")
         names: set[str] = set()
         for spec in req.upserts:
-            if not spec.name:
-                raise _Reject(E.INVALID_REQUEST, "Upserts[].Name must be non-empty.")
-            if "/" in spec.name:
-                raise _Reject(E.INVALID_REQUEST,
-                              f"Connector name {spec.name!r} must not contain '/'.")
-            if spec.name in names:
-                raise _Reject(E.INVALID_REQUEST, f"Connector {spec.name} is listed twice.")
+            # (the same checks refuse such a connector in a replayed log: validation.py)
+            problem = validate_connector(spec.name, spec.task_count, [c.name for c in spec.config])
+            if problem is None and spec.name in names:
+                problem = f"Connector {spec.name} is listed twice."
+            if problem is not None:
+                raise _Reject(E.INVALID_REQUEST, problem)
             names.add(spec.name)
-            if spec.task_count < 0:
-                raise _Reject(E.INVALID_REQUEST,
-                              f"Connector {spec.name}: TaskCount must be >= 0.")
-            keys = [c.name for c in spec.config]
-            if any(not k for k in keys) or len(set(keys)) != len(keys):
-                raise _Reject(E.INVALID_REQUEST,
-                              f"Connector {spec.name}: config names must be non-empty and unique.")
         g = self.state.groups.get(req.group_id)
         current = dict(g.connectors) if g is not None else {}
         for name in req.deletes:

@@ -42,12 +42,23 @@ from .model import (
     TargetMember,
     item_count,
 )
+from .validation import (
+    validate_connector,
+    validate_current_epoch,
+    validate_item_set,
+    validate_member,
+)
 
 _STABLE = MemberState.STABLE
 
 
 class ReplayError(ValueError):
-    """A record that cannot apply to the current state (a corrupt or foreign log)."""
+    """A record that cannot apply to the current state (a corrupt or foreign log), or whose
+    content the API would have refused (``coordinator.group.validation``): loading fails."""
+
+
+def _refuse(group_id: str, what: str, problem: str) -> None:
+    raise ReplayError(f"group {group_id!r}: {what} record refused: {problem}")
 
 
 class CoordinatorState:
@@ -120,6 +131,8 @@ class CoordinatorState:
                 raise ReplayError(f"group {group_id} deleted while it still has members")
             del self.groups[group_id]
             return
+        if epoch < 0:
+            _refuse(group_id, "group metadata", f"GroupEpoch {epoch} is negative.")
         g = self._group(group_id)
         g.epoch = epoch
         g.has_metadata = True
@@ -141,12 +154,26 @@ class CoordinatorState:
                 f"group {group_id!r}: connectors record with {total} items (more than any "
                 f"coordinator allows: {MAX_TASKS_CEILING})"
             )
+        if epoch < 0:
+            _refuse(group_id, "connectors", f"Epoch {epoch} is negative.")
+        for name, spec in connectors.items():
+            problem = validate_connector(spec.name, spec.task_count, [k for k, _ in spec.config])
+            if problem is None and name != spec.name:
+                problem = f"connector {spec.name!r} stored under {name!r}"
+            if problem is not None:
+                _refuse(group_id, "connectors", problem)
         g = self._group(group_id)
         g.connectors = connectors
         g.connectors_epoch = epoch
         g.configured = {i for c in connectors.values() for i in c.items()}
 
     def apply_member(self, group_id: str, member_id: str, m: MemberMetadata | None) -> None:
+        if m is not None:
+            problem = validate_member(member_id, m.instance_id, m.rebalance_timeout_ms, m.assignors)
+            if problem is None and m.member_id != member_id:
+                problem = f"member {m.member_id!r} stored under {member_id!r}"
+            if problem is not None:
+                _refuse(group_id, "member", problem)
         g = self.groups.get(group_id) if m is None else self._group(group_id)
         if g is None:
             return
@@ -174,6 +201,12 @@ class CoordinatorState:
                 return
             g = self._group(group_id)
         target_owner = g.target_owner
+        if t is not None:
+            prior = g.target.get(member_id)
+            if prior is None or (prior.items is not t.items and prior.items != t.items):
+                problem = validate_item_set(t.items, "Target items")
+                if problem is not None:
+                    _refuse(group_id, "target assignment", problem)
         old = g.target.pop(member_id, None)
         if old is not None and (t is None or (old.items is not t.items and old.items != t.items)):
             for item in old.items:
@@ -199,6 +232,10 @@ class CoordinatorState:
             g.scheduled_rebalance_at_ms = -1
             g.has_target_metadata = False
         else:
+            if value[0] < 0 or value[3] < -1:
+                _refuse(group_id, "target assignment metadata",
+                        f"AssignmentEpoch {value[0]} must be >= 0 and ScheduledRebalanceAtMs "
+                        f"{value[3]} >= -1.")
             (g.assignment_epoch, g.assignment_error, g.assignor_state,
              g.scheduled_rebalance_at_ms) = value
             g.has_target_metadata = True
@@ -209,6 +246,10 @@ class CoordinatorState:
     ) -> None:
         """``owned`` must equal ``c.owned`` (EMPTY for a tombstone): callers that know it already
         (a bulk load caches it per distinct assignment) save building it again."""
+        if c is not None and c.epoch < -2:
+            problem = validate_current_epoch(c.epoch)
+            if problem is not None:
+                _refuse(group_id, "current assignment", problem)
         g = self.groups.get(group_id)
         if g is None:
             if c is None:
@@ -225,6 +266,9 @@ class CoordinatorState:
             old_owned = old.assigned | old.revoking if old.revoking else old.assigned
         if owned is not old_owned and owned != old_owned:
             owner = g.owner
+            problem = validate_item_set(owned, "Current items")
+            if problem is not None:
+                _refuse(group_id, "current assignment", problem)
             # FIX (tests): refuse a double owner *before* touching the state. The check used to
             # run after the member's old assignment had been removed, so a refused record left
             # the member without its current assignment (and the coordinator's rollback, which

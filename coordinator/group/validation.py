@@ -1,0 +1,91 @@
+"""What the API refuses, as pure functions shared by the handlers and replay.
+
+The handlers (``coordinator.group.coordinator``) answer INVALID_REQUEST with these messages;
+replay (``coordinator.group.state``, both record by record and the bulk loader, which end in the
+same ``apply_*`` methods) raises ReplayError with them for a record whose bytes are fine (CRC)
+but whose content the API would never have accepted: a corrupt or foreign log must fail its
+partition, not be served (issue 11, item 3). Each returns a message, or None when valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .model import CONNECTOR, HELD_EPOCH, Item
+
+__all__ = [
+    "validate_assignors",
+    "validate_connector",
+    "validate_current_epoch",
+    "validate_item_set",
+    "validate_member",
+]
+
+
+def validate_assignors(assignors: Iterable[Any]) -> str | None:
+    """Client assignors (wire ``Assignor`` or model ``AssignorSpec``: the same fields)."""
+    names: set[str] = set()
+    for a in assignors:
+        if not a.name:
+            return "Assignor.Name must be non-empty."
+        if a.name in names:
+            return f"Assignor.Name {a.name!r} is listed twice."
+        names.add(a.name)
+        if a.minimum_version < -1:
+            return f"Assignor {a.name}: MinimumVersion must be >= -1."
+        if a.maximum_version < 0 or a.maximum_version < a.minimum_version:
+            return f"Assignor {a.name}: MaximumVersion must be >= 0 and >= MinimumVersion."
+        if not a.minimum_version <= a.metadata_version <= a.maximum_version:
+            return (
+                f"Assignor {a.name}: MetadataVersion must be within "
+                "[MinimumVersion, MaximumVersion]."
+            )
+    return None
+
+
+def validate_connector(name: str, task_count: int, config_names: Iterable[str]) -> str | None:
+    """One connector of ConnectGroupAlterConnectors (and of a GroupConnectors record)."""
+    if not name:
+        return "Upserts[].Name must be non-empty."
+    if "/" in name:
+        return f"Connector name {name!r} must not contain '/'."
+    if task_count < 0:
+        return f"Connector {name}: TaskCount must be >= 0."
+    keys = list(config_names)
+    if any(not k for k in keys) or len(set(keys)) != len(keys):
+        return f"Connector {name}: config names must be non-empty and unique."
+    return None
+
+
+def validate_item_set(items: Iterable[Item], what: str) -> str | None:
+    """Model items (connector, task id or CONNECTOR): what ``_validate_items`` checks on the
+    wire (non-empty connector names, no negative task id)."""
+    for connector, task in items:
+        if not connector:
+            return f"{what} must not contain an empty connector name."
+        if task < 0 and task != CONNECTOR:
+            return f"{what} must not contain a negative task id ({connector}/{task})."
+    return None
+
+
+def validate_member(member_id: str, instance_id: str | None, rebalance_timeout_ms: int,
+                    assignors: tuple[Any, ...]) -> str | None:
+    """A member record: what a heartbeat must say of it. Looser than a first heartbeat on two
+    points, which the state machine never relies on: an empty assignor list and a zero
+    rebalance timeout are accepted (test fixtures and tools write such members)."""
+    if not member_id:
+        return "MemberId must be non-empty."
+    if instance_id is not None and not instance_id:
+        return "InstanceId, if provided, must be non-empty."
+    if rebalance_timeout_ms < 0:
+        return "RebalanceTimeoutMs must not be negative."
+    return validate_assignors(assignors)
+
+
+def validate_current_epoch(epoch: int) -> str | None:
+    """A current assignment's member epoch: >= -2 (-1 and -2 as a leaving member sends them) or
+    a hold (HELD_EPOCH)."""
+    if epoch < -2 and epoch != HELD_EPOCH:
+        return f"MemberEpoch {epoch} is impossible (>= -2, or {HELD_EPOCH} for a hold)."
+    return None
