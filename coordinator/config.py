@@ -175,6 +175,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket.max.frame.bytes", int, 1024 * 1024,
             "Largest request frame accepted; a larger declared size closes the connection "
             "before the body is read.", _positive),
+    Setting("request.max.items", int, 10_000,
+            "Most items one request may name (Metadata topics, FindCoordinator keys, "
+            "DescribeGroups and ConnectGroupDescribe group ids); a request naming more is "
+            "answered INVALID_REQUEST on every item, nothing looked up.", _positive),
     Setting("socket.max.connections", int, 10_000,
             "Connections beyond this are closed at accept.", _positive),
     Setting("socket.idle.timeout.ms", int, 600_000,

@@ -150,6 +150,13 @@ class Metrics:
                                          "Partition reloads after its log failed at run time",
                                          ["partition"], registry=r)
         self.connections = Gauge(f"{NS}_connections", "Open client connections", registry=r)
+        # The event loop's lag (issue 11, item 6): how late a periodic probe's sleep returned.
+        self.loop_lag = Gauge(f"{NS}_event_loop_lag_seconds",
+                              "How late the event loop woke the last lag probe", registry=r)
+        self.loop_lag_observed = Histogram(
+            f"{NS}_event_loop_lag_observed_seconds", "Event loop lag, every probe",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r)
         for state in ("loading", "active", "failed"):
             self.partition_count.labels(state).set(0)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,7 +30,7 @@ from coordinator.group.coordinator import RequestContext
 from coordinator.runtime.partitioner import partition_for
 from coordinator.server.app import CoordinatorServer
 from tests.daemon_fixture import Daemon, DaemonPool, run_cli
-from tests.test_daemon_e2e import Admin, assert_healthy, read_frame
+from tests.test_daemon_e2e import Admin, Worker, assert_healthy, metric, read_frame
 
 
 @pytest.fixture
@@ -167,7 +168,6 @@ def test_list_groups_while_a_partition_loads(tmp_path: Path) -> None:
         assert response.groups == ()
 
 
-_ = struct  # (used by later tests)
 
 
 async def _in_process(tmp_path: Path, **settings: Any) -> CoordinatorServer:
@@ -239,3 +239,140 @@ def test_any_encoder_or_handler_failure_is_answered_with_an_error(tmp_path: Path
             await server.stop(grace_s=1)
 
     asyncio.run(run())
+
+
+# == item 6: one request must not stall everyone =======================================================
+
+
+class Heartbeater:
+    """A live member heartbeating on its own connection (every ~100 ms, a quarter of its
+    session... the daemon's SHORT_TIMEOUTS: session 2 s) until stopped; every answer is kept."""
+
+    def __init__(self, w: Worker) -> None:
+        self.w = w
+        self.answers: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from coordinator.admin import AdminError
+        while not self._stop.wait(0.1):
+            try:
+                self.answers.append(int(self.w.hb().error_code))
+            except AdminError:  # no answer within the client's timeout (10 s)
+                self.answers.append(-1)
+                return
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(60)
+        return self.answers
+
+
+def _stable_member(d: Daemon) -> tuple[Admin, Worker, tuple[int, int]]:
+    admin = Admin(d, "victims")
+    assert admin.alter({"A": 1}).error_code == 0
+    w = Worker(d, "W1", group="victims")
+    w.ok()
+    w.compute({"W1": ["A", "A/0"]})
+    w.ok()
+    w.ok(owned=w.running)
+    assert admin.state() == "Stable"
+    return admin, w, admin.epochs()
+
+
+def _frames_in_thread(s: socket.socket, n: int) -> tuple[threading.Thread, list[bytes]]:
+    got: list[bytes] = []
+
+    def read() -> None:
+        for _ in range(n):
+            got.append(read_frame(s))
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t, got
+
+
+MAX_FRAME = 1024 * 1024
+
+
+def test_oversized_requests_are_refused_and_live_members_are_not_expired(pool: DaemonPool) -> None:
+    d = pool.start()
+    admin, w, epochs = _stable_member(d)
+    beats = Heartbeater(w)
+
+    # Three 1 MiB FindCoordinator v4 frames naming ~520,000 keys each (2 bytes a key), one
+    # DescribeGroups v5 and one ConnectGroupDescribe as large, pipelined on one connection.
+    n = (MAX_FRAME - 64) // 2
+    keys = ("k",) * n
+    find = APIS[ApiKey.FIND_COORDINATOR].request_class(4)(key_type=0, coordinator_keys=keys)
+    describe = APIS[ApiKey.DESCRIBE_GROUPS].request_class(5)(groups=keys,
+                                                             include_authorized_operations=False)
+    from connect_wire.messages import ConnectGroupDescribeRequest
+    connect_describe = ConnectGroupDescribeRequest(group_ids=keys)
+    requests = [(ApiKey.FIND_COORDINATOR, 4, find)] * 3 + [
+        (ApiKey.DESCRIBE_GROUPS, 5, describe), (ApiKey.CONNECT_GROUP_DESCRIBE, 0, connect_describe)]
+    with raw(d) as s:
+        s.settimeout(120)
+        reader, got = _frames_in_thread(s, len(requests))
+        for corr, (key, version, req) in enumerate(requests, start=1):
+            out = frame(key, version, corr, req)
+            assert len(out) <= MAX_FRAME + 4
+            s.sendall(out)
+        reader.join(120)
+    answers = beats.stop()
+    # The live member was never expired: every heartbeat answered without error, the group's
+    # epochs did not move, and the member is still there at its epoch.
+    assert answers and set(answers) == {0}, answers
+    assert admin.epochs() == epochs
+    assert admin.members() == {"W1": (w.epoch, ["A", "A/0"])}
+    # Each oversized request was refused: INVALID_REQUEST on every key, nothing looked up.
+    assert len(got) == len(requests)
+    for corr, ((key, version, _), body) in enumerate(zip(requests, got, strict=True), start=1):
+            cid, offset = parse_response_header(body, APIS[key].response_header_version(version))
+            assert cid == corr
+            r = codec.decode(APIS[key].response_class(version), body, offset)[0]
+            entries = r.coordinators if key == ApiKey.FIND_COORDINATOR else r.groups
+            assert len(entries) == n and {int(e.error_code) for e in entries} == {E.INVALID_REQUEST}
+            if key != ApiKey.DESCRIBE_GROUPS:  # (DescribeGroups has no error message)
+                assert "more than request.max.items=10000" in entries[0].error_message
+    assert_healthy(d)
+    # The event loop's lag is exported (gauge and histogram).
+    assert metric(d, "connect_coordinator_event_loop_lag_seconds") is not None
+    assert (metric(d, "connect_coordinator_event_loop_lag_observed_seconds_count") or 0) > 0
+    admin.close()
+    w.close()
+
+
+def test_requests_at_the_item_limit_are_served(pool: DaemonPool) -> None:
+    d = pool.start(extra_env={"CONNECT_COORDINATOR_REQUEST_MAX_ITEMS": "3"})
+    with AdminClient(d.host, d.port) as c:
+        find = APIS[ApiKey.FIND_COORDINATOR].request_class(4)
+        r = c.call(find(key_type=0, coordinator_keys=("a", "b", "c")))
+        assert [(e.key, int(e.error_code), e.port) for e in r.coordinators] == [
+            ("a", 0, d.port), ("b", 0, d.port), ("c", 0, d.port)]
+        r = c.call(find(key_type=0, coordinator_keys=("a", "b", "c", "d")))
+        assert [(e.key, int(e.error_code), e.port) for e in r.coordinators] == [
+            (k, E.INVALID_REQUEST, -1) for k in "abcd"]
+        assert r.coordinators[0].error_message == (
+            "4 coordinators in one request, more than request.max.items=3")
+        meta = APIS[ApiKey.METADATA].request_class(8)
+        topic = meta.__dataclass_fields__["topics"].type.__args__[0].__args__[0]
+        r = c.call(meta(topics=tuple(topic(name=n) for n in "abcd"), allow_auto_topic_creation=False,
+                        include_cluster_authorized_operations=False,
+                        include_topic_authorized_operations=False))
+        assert [(t.name, int(t.error_code)) for t in r.topics] == [(k, E.INVALID_REQUEST) for k in "abcd"]
+        r = c.call(meta(topics=tuple(topic(name=n) for n in "abc"), allow_auto_topic_creation=False,
+                        include_cluster_authorized_operations=False,
+                        include_topic_authorized_operations=False))
+        assert [int(t.error_code) for t in r.topics] == [E.UNKNOWN_TOPIC_OR_PARTITION] * 3
+        dg = APIS[ApiKey.DESCRIBE_GROUPS].request_class(0)
+        assert [int(g.error_code) for g in c.call(dg(groups=("a", "b", "c"))).groups] == [0, 0, 0]
+        assert [(g.group_id, int(g.error_code)) for g in c.call(dg(groups=tuple("abcd"))).groups] == [
+            (k, E.INVALID_REQUEST) for k in "abcd"]
+        from connect_wire.messages import ConnectGroupDescribeRequest
+        r = c.call(ConnectGroupDescribeRequest(group_ids=tuple("abcd")))
+        assert [(g.group_id, g.error_code) for g in r.groups] == [(k, E.INVALID_REQUEST) for k in "abcd"]
+        r = c.call(ConnectGroupDescribeRequest(group_ids=tuple("abc")))
+        assert [g.error_code for g in r.groups] == [E.GROUP_ID_NOT_FOUND] * 3
+    assert_healthy(d)

@@ -30,6 +30,7 @@ from connect_wire.framing import (
 )
 from coordinator import logs
 from coordinator.group.coordinator import RequestContext
+from coordinator.server.kafka_apis import Encoded
 
 if TYPE_CHECKING:
     from coordinator.server.app import CoordinatorServer
@@ -239,6 +240,8 @@ class Connection(asyncio.Protocol):
             pass
         elif response is _LAST.response:
             body = _LAST.body
+        elif type(response) is Encoded:  # a refusal built as bytes (kafka_apis.refuse_items)
+            body = response.body
         else:
             try:
                 body = codec.encode(response)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import functools
 import uuid
+from collections.abc import Callable
 from dataclasses import MISSING, fields, is_dataclass
 from types import NoneType, UnionType
 from typing import Any, get_args, get_origin
@@ -17,6 +18,7 @@ from typing import Any, get_args, get_origin
 from kio.schema.errors import ErrorCode as KioErrorCode
 from kio.static.primitive import i32Timedelta, i64Timedelta
 
+from connect_wire import codec
 from connect_wire.apis import APIS
 from connect_wire.errors import ErrorCode
 
@@ -186,6 +188,118 @@ def error_response(cls: type, request: Any | None, code: int, message: str) -> A
                  "protocol_data": "", "members": [], "authorized_operations": -2147483648}
                 for g in request.groups]
     return build(cls, values)
+
+
+class Encoded:
+    """A response already encoded: the connection writes ``body`` as it is."""
+
+    __slots__ = ("body", "error_code")
+
+    def __init__(self, body: bytes, error_code: int) -> None:
+        self.body = body
+        self.error_code = error_code
+
+
+_SENTINEL = "\x01connect-coordinator-item\x01"
+
+
+def _string(value: str | None, flexible: bool) -> bytes:
+    if value is None:
+        return b"\x00" if flexible else b"\xff\xff"
+    raw = value.encode()
+    if not flexible:
+        return len(raw).to_bytes(2, "big") + raw
+    n, out = len(raw) + 1, bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + raw
+
+
+def _splice(make: Callable[[str], Any], items_field: str) -> tuple[bytes, bytes, bytes, bytes, bool]:
+    """(response before the array, entry before its key, entry after its key, response after
+    the array, flexible) of ``make(key)``, a response with one entry keyed by ``key``."""
+    template = make(_SENTINEL)
+    whole = codec.encode(template)
+    item = getattr(template, items_field)[0]
+    one = codec.encode(item)
+    flexible = bool(getattr(type(item), "__flexible__", False))
+    at = whole.index(one)
+    count_len = 1 if flexible else 4  # the one-entry array's length: varint 2 or int32 1
+    sentinel = _SENTINEL.encode()
+    cut = one.index(sentinel)
+    return (whole[: at - count_len], one[: cut - (1 if flexible else 2)],
+            one[cut + len(sentinel):], whole[at + len(one):], flexible)
+
+
+def refuse_items(make: Callable[[str], Any], items_field: str, keys: Any, code: int,
+                 make_first: Callable[[str], Any] | None = None) -> Encoded:
+    """A response with one error entry per key (Kafka's getErrorResponse for a list request),
+    encoded without building an entity per key: ``make(key)`` is a response with one entry
+    keyed by ``key``; it is encoded once around a sentinel key and each key's bytes are spliced
+    in (~0.5 µs a key; building and encoding an entity took ~10 µs, 5 s for the 500,000 keys a
+    1 MiB frame can name). ``make_first``: the first entry's maker (an error message said
+    once, not 500,000 times)."""
+    before, head, tail, after, flexible = _splice(make, items_field)
+    keys = list(keys)
+    count = len(keys) + 1 if flexible else len(keys)
+    if flexible:
+        prefix = bytearray()
+        while count >= 0x80:
+            prefix.append((count & 0x7F) | 0x80)
+            count >>= 7
+        prefix.append(count)
+        count_bytes = bytes(prefix)
+    else:
+        count_bytes = count.to_bytes(4, "big")
+    parts = [before, count_bytes]
+    rest = keys
+    if make_first is not None and keys:
+        _, head1, tail1, _, _ = _splice(make_first, items_field)
+        parts.append(head1 + _string(keys[0], flexible) + tail1)
+        rest = keys[1:]
+    parts.append(b"".join([head + _string(k, flexible) + tail for k in rest]))
+    parts.append(after)
+    return Encoded(b"".join(parts), code)
+
+
+def too_many_items(cls: type, request: Any, limit: int) -> Encoded | None:
+    """Kafka's APIs: None when ``request`` names at most ``limit`` items, else its refusal:
+    INVALID_REQUEST on every item it names, nothing looked up."""
+    api_key = cls.__api_key__
+    if api_key == 3:
+        items, field, key = request.topics or (), "topics", "name"
+    elif api_key == 10:
+        items, field, key = getattr(request, "coordinator_keys", None) or (), "coordinators", "key"
+    elif api_key == 15:
+        items, field, key = request.groups, "groups", "group_id"
+    else:
+        return None
+    if len(items) <= limit:
+        return None
+    code = ErrorCode.INVALID_REQUEST
+    message = f"{len(items)} {field} in one request, more than request.max.items={limit}"
+    if api_key == 3:
+        top = {"throttle_time": 0, "brokers": [], "cluster_id": CLUSTER_ID, "controller_id": -1,
+               "cluster_authorized_operations": -2147483648}
+        entry = {"error_code": code, "is_internal": False, "partitions": []}
+        v12 = cls.__version__ >= 12
+        keys = [t.name if (t.name is not None or v12) else "" for t in items]
+    elif api_key == 10:
+        top = {"throttle_time": 0}
+        entry = {"node_id": -1, "host": "", "port": -1, "error_code": code, "error_message": None}
+        keys = list(items)
+    else:
+        top = {"throttle_time": 0}
+        entry = {"error_code": code, "group_state": "", "protocol_type": "", "protocol_data": "",
+                 "members": [], "authorized_operations": -2147483648}
+        keys = list(items)
+
+    def make(k: str, extra: dict[str, Any] | None = None) -> Any:
+        return build(cls, {**top, field: [{**entry, key: k, **(extra or {})}]})
+    first = (lambda k: make(k, {"error_message": message})) if api_key == 10 else None
+    return refuse_items(make, field, keys, code, first)
 
 
 def describe_groups(cls: type, described: list[Any]) -> Any:
