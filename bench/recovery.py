@@ -20,6 +20,13 @@ Per size, two measurements, sizes interleaved (order reversed on every other rep
   it answers a ConnectGroupDescribe without COORDINATOR_LOAD_IN_PROGRESS (Python start-up
   included), and the load time the daemon logs itself ("partition loaded", seconds).
 
+Then ``churn``: the same live state (``--groups`` groups of ``--members``) written with
+``--churn-rounds`` rebalance rounds and with 10x as many, each log maintained as the daemon
+does (every ``MAINTAIN_EVERY`` records, standing in for ``log.compaction.interval.ms``, and
+once at the end: compact; if the active segment is mostly superseded, roll it and compact
+again), then replayed as above: restart time must follow the live state, not the history
+(issue 11, item 11). Printed side by side with the ratios 10x/1x.
+
 The last line is the headline: records replayed per second (in-process) at the largest size
 (target >= 300,000/s), and the daemon's time to answer at the size holding ``--groups`` groups.
 ``--huge`` adds 10^7 records. Rows go to ``bench/results/recovery.json`` (or ``--output``).
@@ -122,6 +129,76 @@ def write_log(data_dir: Path, count: int, groups: int, members: int) -> int:
         return log.size_bytes
     finally:
         log.close()
+
+
+MAINTAIN_EVERY = 20_000
+ROLL_MIN_BYTES = 1024 * 1024  # the daemon's defaults (log.roll.min.bytes, log.roll.dirty.percent)
+ROLL_DIRTY_PERCENT = 50
+
+
+def maintain(log: PartitionLog) -> None:
+    """What the daemon's compaction loop does: compact; roll a mostly superseded active segment
+    and compact again."""
+    report = log.compact(time.time_ns() // 1_000_000, 24 * 3600 * 1000)
+    if report.active_mostly_garbage(ROLL_MIN_BYTES, ROLL_DIRTY_PERCENT) and log.roll():
+        log.compact(time.time_ns() // 1_000_000, 24 * 3600 * 1000)
+
+
+def write_churned_log(data_dir: Path, groups: int, members: int, rounds: int) -> tuple[int, int]:
+    """Set-up records plus ``rounds`` rebalance rounds, maintained as the daemon would;
+    (records written, log bytes after)."""
+    per_round = groups * (2 + 2 * members)
+    count = groups * (2 + members) + rounds * per_round
+    log, _ = PartitionLog.open(partition_dir(data_dir, 0))
+    try:
+        batch: list[tuple[bytes, bytes | None]] = []
+        for n, record in enumerate(_records(groups, members)):
+            if n == count:
+                break
+            batch.append(serde.encode_record(record))
+            if len(batch) == BATCH:
+                log.append(batch)
+                batch = []
+            if n % MAINTAIN_EVERY == MAINTAIN_EVERY - 1:
+                log.sync()
+                maintain(log)
+        if batch:
+            log.append(batch)
+        log.sync()
+        maintain(log)
+        (data_dir / "partitions").write_text("1\n")
+        return count, log.size_bytes
+    finally:
+        log.close()
+
+
+def churn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    rows = []
+    for factor in (1, 10):
+        data = workdir / f"churn-{factor}x"
+        written, nbytes = write_churned_log(data, args.groups, args.members, factor * args.churn_rounds)
+        seconds = []
+        for _ in range(args.repeat):
+            s, _, ngroups = replay(data)
+            seconds.append(s)
+        rows.append({"factor": factor, "records_written": written, "log_bytes": nbytes,
+                     "groups": ngroups, "replay_seconds": round(statistics.median(seconds), 4)})
+    one, ten = rows
+    return {"rows": rows, "ratio_records_written": round(ten["records_written"] / one["records_written"], 2),
+            "ratio_log_bytes": round(ten["log_bytes"] / one["log_bytes"], 2),
+            "ratio_replay_seconds": round(ten["replay_seconds"] / one["replay_seconds"], 2)}
+
+
+def render_churn(c: dict[str, Any]) -> str:
+    lines = ["churn: the same live state written with 1x and 10x the writes, maintained as the "
+             "daemon does",
+             f"{'churn':>6} {'records written':>15} {'log MiB':>8} {'groups':>6} {'replay s':>9}"]
+    for r in c["rows"]:
+        lines.append(f"{str(r['factor']) + 'x':>6} {r['records_written']:>15,} "
+                     f"{r['log_bytes'] / 2**20:>8.2f} {r['groups']:>6} {r['replay_seconds']:>9.3f}")
+    lines.append(f"ratio 10x/1x: records written {c['ratio_records_written']}, log bytes "
+                 f"{c['ratio_log_bytes']}, restart (replay) time {c['ratio_replay_seconds']}")
+    return "\n".join(lines)
 
 
 def replay(data_dir: Path) -> tuple[float, int, int]:
@@ -233,18 +310,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=1_000, help="groups in each log (default 1000)")
     parser.add_argument("--members", type=int, default=10, help="members per group (default 10)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (median; default 3)")
+    parser.add_argument("--churn-rounds", type=int, default=5,
+                        help="rebalance rounds of the 1x churn log (default 5; the other has 10x)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a daemon")
     parser.add_argument("--output", type=Path, default=RESULTS / "recovery.json",
                         help="where to write the rows (default bench/results/recovery.json)")
     args = parser.parse_args(argv)
-    if args.groups < 1 or args.members < 1 or args.repeat < 1:
-        parser.error("--groups, --members and --repeat must be >= 1")
+    if args.groups < 1 or args.members < 1 or args.repeat < 1 or args.churn_rounds < 1:
+        parser.error("--groups, --members, --repeat and --churn-rounds must be >= 1")
     if args.huge:
         args.sizes = sorted({*args.sizes, 10_000_000})
     started = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
             rows = measure(args, Path(tmp))
+            churned = churn(args, Path(tmp))
     except BenchError as exc:
         print(f"bench recovery: {exc}", file=sys.stderr)
         return 1
@@ -262,11 +342,13 @@ def main(argv: list[str] | None = None) -> int:
                      "target_per_second": 300_000,
                      "answer_records": answer_row["records"], "answer_groups": answer_row["groups"],
                      "answer_seconds": answer_row["daemon_answer_seconds"]},
+        "churn": churned,
         "seconds": round(time.perf_counter() - started, 3),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(render(rows))
+    print(render_churn(churned))
     print(f"(median of {args.repeat}; {args.groups} groups of {args.members} members; 'answers after': "
           f"spawn of the daemon to its first Describe answer, Python start-up included)")
     print(f"(rows written to {args.output})")

@@ -147,6 +147,14 @@ SETTINGS: tuple[Setting, ...] = (
             "How often each partition's durable log end is written to "
             "data.dir/recovery-point-offset-checkpoint (also after loading and at a clean stop); "
             "a log found shorter than its recovery point fails its partition.", _positive),
+    Setting("log.roll.min.bytes", int, 1024 * 1024,
+            "A compaction that finds the active segment at least this big and at least "
+            "log.roll.dirty.percent superseded rolls it and compacts again, so the log (and the "
+            "restart time) follows the live state, not the number of writes.", _positive),
+    Setting("log.roll.dirty.percent", int, 50,
+            "Share (%) of superseded records in the active segment that makes compaction roll it "
+            "(see log.roll.min.bytes).",
+            lambda v: None if 1 <= v <= 100 else "must be within [1, 100]"),
     Setting("group.connect.session.timeout.ms", int, _G.session_timeout_ms,
             "A member that does not heartbeat within this is removed.", _positive),
     Setting("group.connect.min.session.timeout.ms", int, _G.min_session_timeout_ms,
@@ -241,7 +249,6 @@ class ServerConfig:
     def metrics_groups(self) -> frozenset[str]:
         """Groups with per-group metric series (``metrics.groups``)."""
         return frozenset(p.strip() for p in self["metrics.groups"].split(",") if p.strip())
-
 
 
 def load(

@@ -309,6 +309,15 @@ class CompactionReport:
     tombstones_retained: int = 0  # latest-for-their-key tombstones still within the grace period
     aborted: bool = False  # the log was closed while compacting: nothing changed after that point
     duration_s: float = 0.0
+    active_bytes: int = 0  # durable bytes of the active segment (read by pass 1)
+    active_dirty_bytes: int = 0  # of which records superseded by later durable records
+
+    def active_mostly_garbage(self, min_bytes: int, dirty_percent: int) -> bool:
+        """Whether the active segment should be rolled so that the next compaction rewrites it:
+        at least ``min_bytes`` and at least ``dirty_percent`` % superseded (see
+        :meth:`PartitionLog.roll`)."""
+        return (self.active_bytes >= min_bytes
+                and self.active_dirty_bytes * 100 >= dirty_percent * self.active_bytes)
 
 
 # -- fsync policy -------------------------------------------------------------------------------
@@ -842,6 +851,19 @@ class PartitionLog:
         self._dir_dirty = True
         os.close(old_fd)
 
+    def roll(self) -> bool:
+        """Close the active segment now (fsynced, like a size roll) and start a new one, so that
+        compaction, which never touches the active segment, can rewrite what it holds. Writer
+        thread only (like append). Returns False when the active segment is empty (nothing to
+        roll). The runtime rolls when a compaction found the active segment mostly superseded
+        (:meth:`CompactionReport.active_mostly_garbage`), so the log, and the time to replay it,
+        follows the live state rather than the number of writes (issue 11, item 11)."""
+        self._check_writable()
+        if self._segments[-1].size == 0:
+            return False
+        self._roll()
+        return True
+
     def sync(self) -> None:
         """fsync the active segment (and the directory after a roll): everything appended so far
         becomes durable. On OSError the log is truncated back to :attr:`durable_offset` (see the
@@ -1010,8 +1032,7 @@ class PartitionLog:
         n_closed = len(closed)
         report.segments_in = report.segments_out = n_closed
         report.bytes_in = report.bytes_out = sum(s.size for s in closed)
-        if not closed:
-            return
+        report.active_bytes = durable_size
 
         # Pass 1: the latest durable record of every key, and what each closed segment would lose.
         # key -> (offset, segment index, record bytes, tombstone batch timestamp or -1)
@@ -1031,15 +1052,20 @@ class PartitionLog:
                     stamp = batch.timestamp_ms
                     for key, value in batch.records:
                         previous = latest.get(key)
-                        if previous is not None and previous[1] < n_closed:
-                            dropped_bytes[previous[1]] += previous[2]
-                            dropped_count[previous[1]] += 1
+                        if previous is not None:
+                            if previous[1] < n_closed:
+                                dropped_bytes[previous[1]] += previous[2]
+                                dropped_count[previous[1]] += 1
+                            else:  # superseded inside the active segment
+                                report.active_dirty_bytes += previous[2]
                         size = MIN_RECORD_SIZE + len(key) + (0 if value is None else len(value))
                         latest[key] = (offset, index, size, -1 if value is not None else stamp)
                         if index < n_closed:
                             record_bytes[index] += size
                             record_count[index] += 1
                         offset += 1
+        if not closed:  # (pass 1 still measured the active segment's garbage)
+            return
         for _, index, size, stamp in latest.values():
             if index < n_closed and stamp >= 0:
                 if now_ms - stamp >= grace_ms:

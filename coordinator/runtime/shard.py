@@ -130,6 +130,8 @@ class Shard:
         segment_bytes: int,
         compaction_interval_ms: int,
         tombstone_retention_ms: int,
+        roll_min_bytes: int = 1024 * 1024,
+        roll_dirty_percent: int = 50,
     ) -> None:
         self.partition = partition
         self.directory = partition_dir(data_dir, partition)
@@ -139,6 +141,8 @@ class Shard:
         self.segment_bytes = segment_bytes
         self.compaction_interval_ms = compaction_interval_ms
         self.tombstone_retention_ms = tombstone_retention_ms
+        self.roll_min_bytes = roll_min_bytes
+        self.roll_dirty_percent = roll_dirty_percent
         self.state = LOADING
         self.failure: str | None = None
         self.log: PartitionLog | None = None
@@ -323,6 +327,11 @@ class Shard:
             self._queue_gauge.set(queue.qsize())
             pending: list[tuple[_Event, Result]] = []
             for ev in batch:
+                if ev.kind == "roll":
+                    await self._commit(pending)
+                    pending = []
+                    await self._roll_log(ev)
+                    continue
                 if ev.kind == "read":
                     await self._commit(pending)
                     pending = []
@@ -670,9 +679,24 @@ class Shard:
         return len(self._parked)
 
     # -- compaction -------------------------------------------------------------------------------
+    async def _roll_log(self, ev: _Event) -> None:
+        """A "roll" event: the consumer is the log's only writer, so it rolls (in a thread)."""
+        try:
+            assert self.log is not None
+            rolled = await asyncio.to_thread(self.log.roll)
+        except Exception as exc:
+            log.error("rolling the active segment failed", partition=self.partition,
+                      error=repr(exc))
+            rolled = False
+        if ev.future is not None and not ev.future.done():
+            ev.future.set_result(rolled)
+
     async def _compact_loop(self) -> None:
+        again = False
         while True:
-            await asyncio.sleep(self.compaction_interval_ms / 1000)
+            if not again:
+                await asyncio.sleep(self.compaction_interval_ms / 1000)
+            again = False
             if self.log is None or self.state != ACTIVE:
                 continue
             try:
@@ -683,3 +707,14 @@ class Shard:
                 continue
             log.debug("compacted", partition=self.partition, report=str(report))
             self._bytes_gauge.set(self.log.size_bytes)
+            # The active segment is never compacted: when it is mostly superseded records, roll
+            # it (by the consumer, the log's writer) and compact again at once, so the log and
+            # the restart time follow the live state, not the history (issue 11, item 11).
+            if self.state == ACTIVE and report.active_mostly_garbage(
+                    self.roll_min_bytes, self.roll_dirty_percent):
+                future = asyncio.get_running_loop().create_future()
+                self._submit(_Event("roll", lambda core: None, future))
+                again = bool(await future)
+                log.info("rolled a mostly superseded active segment for compaction",
+                         partition=self.partition, active_bytes=report.active_bytes,
+                         superseded_bytes=report.active_dirty_bytes)

@@ -242,7 +242,9 @@ class CoordinatorServer:
             Shard(p, data_dir, group_config, self.metrics, fsync=config.fsync,
                   segment_bytes=config["log.segment.bytes"],
                   compaction_interval_ms=config["log.compaction.interval.ms"],
-                  tombstone_retention_ms=config["log.tombstone.retention.ms"])
+                  tombstone_retention_ms=config["log.tombstone.retention.ms"],
+                  roll_min_bytes=config["log.roll.min.bytes"],
+                  roll_dirty_percent=config["log.roll.dirty.percent"])
             for p in range(config["partitions"])
         ]
         self.router = Router(self)
