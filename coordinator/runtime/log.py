@@ -53,7 +53,10 @@ log is TRUNCATED there: later segments are moved whole into ``corrupt/``
 and the bad segment is cut at its last good batch, its cut bytes copied into ``corrupt/`` first
 (timestamped names; nothing is ever deleted silently). The :class:`RecoveryReport` says what was
 read and what was cut, where and why; the daemon logs it and counts it in a metric. open() never
-raises because of file *content*; it raises only for real I/O errors (permissions, ...).
+raises because of file *content* (it raises for real I/O errors, permissions, ...) -- except
+when given a ``recovery_point`` the log would end below (a missing segment or directory, a gap
+or an invalid batch below it): then it raises :class:`BehindRecoveryPoint` before cutting,
+moving or creating anything (see :mod:`coordinator.runtime.datadir`).
 
 Why truncate instead of skipping the bad batch: this is what Kafka does (log recovery truncates
 a segment at its first invalid batch), and the records form a state machine: replaying records
@@ -96,6 +99,12 @@ deleted in ascending order and the swap renamed over ``<base>.log``. open() dele
 files and finishes ``.swap`` files, so after a crash either the old or the new segments are
 visible, never both. Outputs are committed in ascending order, so a tombstone is never dropped
 before the older values it deletes.
+
+compaction never rewrites the active segment, so history written there stays until it rolls. Pass
+1 also measures the active segment's durable part (:attr:`CompactionReport.active_bytes`,
+``active_dirty_bytes``: records superseded by later ones); when it is mostly superseded
+(:meth:`CompactionReport.active_mostly_garbage`) the runtime has the writer :meth:`roll` it and
+compacts again, so the log follows the live state rather than the number of writes.
 
 compact() may run in a worker thread while the shard thread keeps appending: the segment list is
 swapped under a lock (also taken by a roll); reads of closed segments do not block appends.
