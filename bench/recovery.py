@@ -136,15 +136,16 @@ ROLL_MIN_BYTES = 1024 * 1024  # the daemon's defaults (log.roll.min.bytes, log.r
 ROLL_DIRTY_PERCENT = 50
 
 
-def maintain(log: PartitionLog) -> None:
+def maintain(log: PartitionLog, roll: bool = True) -> None:
     """What the daemon's compaction loop does: compact; roll a mostly superseded active segment
-    and compact again."""
+    and compact again (``roll=False``: compaction alone, as before issue 11, item 11)."""
     report = log.compact(time.time_ns() // 1_000_000, 24 * 3600 * 1000)
-    if report.active_mostly_garbage(ROLL_MIN_BYTES, ROLL_DIRTY_PERCENT) and log.roll():
+    if roll and report.active_mostly_garbage(ROLL_MIN_BYTES, ROLL_DIRTY_PERCENT) and log.roll():
         log.compact(time.time_ns() // 1_000_000, 24 * 3600 * 1000)
 
 
-def write_churned_log(data_dir: Path, groups: int, members: int, rounds: int) -> tuple[int, int]:
+def write_churned_log(data_dir: Path, groups: int, members: int, rounds: int,
+                      roll: bool = True) -> tuple[int, int]:
     """Set-up records plus ``rounds`` rebalance rounds, maintained as the daemon would;
     (records written, log bytes after)."""
     per_round = groups * (2 + 2 * members)
@@ -161,43 +162,62 @@ def write_churned_log(data_dir: Path, groups: int, members: int, rounds: int) ->
                 batch = []
             if n % MAINTAIN_EVERY == MAINTAIN_EVERY - 1:
                 log.sync()
-                maintain(log)
+                maintain(log, roll)
         if batch:
             log.append(batch)
         log.sync()
-        maintain(log)
+        maintain(log, roll)
         (data_dir / "partitions").write_text("1\n")
         return count, log.size_bytes
     finally:
         log.close()
 
 
+CHURN_MODES = (("roll+compact", True), ("compaction only", False))
+
+
 def churn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    rows = []
-    for factor in (1, 10):
-        data = workdir / f"churn-{factor}x"
-        written, nbytes = write_churned_log(data, args.groups, args.members, factor * args.churn_rounds)
-        seconds = []
-        for _ in range(args.repeat):
-            s, _, ngroups = replay(data)
-            seconds.append(s)
-        rows.append({"factor": factor, "records_written": written, "log_bytes": nbytes,
-                     "groups": ngroups, "replay_seconds": round(statistics.median(seconds), 4)})
-    one, ten = rows
-    return {"rows": rows, "ratio_records_written": round(ten["records_written"] / one["records_written"], 2),
-            "ratio_log_bytes": round(ten["log_bytes"] / one["log_bytes"], 2),
-            "ratio_replay_seconds": round(ten["replay_seconds"] / one["replay_seconds"], 2)}
+    """The same live state with 1x and 10x the writes, maintained with the active segment's roll
+    (the daemon now) and without it (before); replays interleaved, medians."""
+    logs = []
+    for mode, roll in CHURN_MODES:
+        for factor in (1, 10):
+            data = workdir / f"churn-{factor}x-{'roll' if roll else 'noroll'}"
+            written, nbytes = write_churned_log(data, args.groups, args.members,
+                                                factor * args.churn_rounds, roll)
+            logs.append((mode, factor, data, written, nbytes))
+    samples: dict[Path, list[float]] = {data: [] for _, _, data, _, _ in logs}
+    kept: dict[Path, tuple[int, int]] = {}
+    for rep in range(max(args.repeat, 3)):
+        for _, _, data, _, _ in (logs if rep % 2 == 0 else logs[::-1]):
+            seconds, records, ngroups = replay(data)
+            samples[data].append(seconds)
+            kept[data] = (records, ngroups)
+    rows = [{"mode": mode, "factor": factor, "records_written": written, "log_bytes": nbytes,
+             "records_kept": kept[data][0], "groups": kept[data][1],
+             "replay_seconds": round(statistics.median(samples[data]), 4)}
+            for mode, factor, data, written, nbytes in logs]
+    ratios = {}
+    for mode, _ in CHURN_MODES:
+        one, ten = [r for r in rows if r["mode"] == mode]
+        ratios[mode] = {"records_written": round(ten["records_written"] / one["records_written"], 2),
+                        "log_bytes": round(ten["log_bytes"] / one["log_bytes"], 2),
+                        "replay_seconds": round(ten["replay_seconds"] / one["replay_seconds"], 2)}
+    return {"rows": rows, "ratios_10x_over_1x": ratios}
 
 
 def render_churn(c: dict[str, Any]) -> str:
     lines = ["churn: the same live state written with 1x and 10x the writes, maintained as the "
-             "daemon does",
-             f"{'churn':>6} {'records written':>15} {'log MiB':>8} {'groups':>6} {'replay s':>9}"]
+             "daemon does (roll+compact) and as it did before (compaction only)",
+             f"{'mode':>15} {'churn':>5} {'records written':>15} {'records kept':>12} "
+             f"{'log MiB':>8} {'groups':>6} {'replay s':>9}"]
     for r in c["rows"]:
-        lines.append(f"{str(r['factor']) + 'x':>6} {r['records_written']:>15,} "
-                     f"{r['log_bytes'] / 2**20:>8.2f} {r['groups']:>6} {r['replay_seconds']:>9.3f}")
-    lines.append(f"ratio 10x/1x: records written {c['ratio_records_written']}, log bytes "
-                 f"{c['ratio_log_bytes']}, restart (replay) time {c['ratio_replay_seconds']}")
+        lines.append(f"{r['mode']:>15} {str(r['factor']) + 'x':>5} {r['records_written']:>15,} "
+                     f"{r['records_kept']:>12,} {r['log_bytes'] / 2**20:>8.2f} {r['groups']:>6} "
+                     f"{r['replay_seconds']:>9.3f}")
+    for mode, ratio in c["ratios_10x_over_1x"].items():
+        lines.append(f"ratio 10x/1x, {mode}: records written {ratio['records_written']}, log bytes "
+                     f"{ratio['log_bytes']}, restart (replay) time {ratio['replay_seconds']}")
     return "\n".join(lines)
 
 

@@ -714,7 +714,10 @@ class Shard:
                     self.roll_min_bytes, self.roll_dirty_percent):
                 future = asyncio.get_running_loop().create_future()
                 self._submit(_Event("roll", lambda core: None, future))
-                again = bool(await future)
+                try:
+                    again = bool(await future)
+                except ShardUnavailable:  # dropped by a reload: try at the next interval
+                    continue
                 log.info("rolled a mostly superseded active segment for compaction",
                          partition=self.partition, active_bytes=report.active_bytes,
                          superseded_bytes=report.active_dirty_bytes)
