@@ -187,6 +187,21 @@ SETTINGS: tuple[Setting, ...] = (
             "Most items one request may name (Metadata topics, FindCoordinator keys, "
             "DescribeGroups and ConnectGroupDescribe group ids); a request naming more is "
             "answered INVALID_REQUEST on every item, nothing looked up.", _positive),
+    Setting("socket.max.inflight.requests", int, 128,
+            "Requests one connection may have in flight (received, not yet answered); past it "
+            "the connection is not read, and requests it already sent wait, until half are "
+            "answered.", _positive),
+    Setting("socket.max.inflight.bytes", int, 4 * 1024 * 1024,
+            "Request bytes one connection may have in flight; past it the connection is not "
+            "read until half are answered.", _positive),
+    Setting("socket.write.buffer.bytes", int, 1024 * 1024,
+            "Unsent response bytes one connection may hold (a client not reading its answers); "
+            "past it the connection is not read, and requests it already sent wait, until a "
+            "quarter is left.", _positive),
+    Setting("queued.max.request.bytes", int, 100 * 1024 * 1024,
+            "Bytes of partial request frames and of requests received but not yet answered, "
+            "all connections together (Kafka's setting); past it the connections holding "
+            "some are not read until the total is back under 3/4 of it.", _positive),
     Setting("socket.max.connections", int, 10_000,
             "Connections beyond this are closed at accept.", _positive),
     Setting("socket.idle.timeout.ms", int, 600_000,

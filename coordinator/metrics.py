@@ -150,6 +150,15 @@ class Metrics:
                                          "Partition reloads after its log failed at run time",
                                          ["partition"], registry=r)
         self.connections = Gauge(f"{NS}_connections", "Open client connections", registry=r)
+        # Flow control (issue 11, items 4 and 5); both computed when scraped.
+        self.queued_request_bytes = Gauge(
+            f"{NS}_queued_request_bytes",
+            "Bytes of partial request frames and of requests received and not yet answered, "
+            "all connections (bounded by queued.max.request.bytes)", registry=r)
+        self.connections_read_paused = Gauge(
+            f"{NS}_connections_read_paused",
+            "Connections not being read now (in-flight limits, full write buffer or the "
+            "queued.max.request.bytes budget)", registry=r)
         # The event loop's lag (issue 11, item 6): how late a periodic probe's sleep returned.
         self.loop_lag = Gauge(f"{NS}_event_loop_lag_seconds",
                               "How late the event loop woke the last lag probe", registry=r)

@@ -13,6 +13,7 @@ import asyncio
 import socket
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,7 +31,7 @@ from coordinator.group.coordinator import RequestContext
 from coordinator.runtime.partitioner import partition_for
 from coordinator.server.app import CoordinatorServer
 from tests.daemon_fixture import Daemon, DaemonPool, run_cli
-from tests.test_daemon_e2e import Admin, Worker, assert_healthy, metric, read_frame
+from tests.test_daemon_e2e import Admin, Worker, assert_healthy, metric, read_frame, wait_until
 
 
 @pytest.fixture
@@ -376,3 +377,139 @@ def test_requests_at_the_item_limit_are_served(pool: DaemonPool) -> None:
         r = c.call(ConnectGroupDescribeRequest(group_ids=tuple("abc")))
         assert [g.error_code for g in r.groups] == [E.GROUP_ID_NOT_FOUND] * 3
     assert_healthy(d)
+
+
+# == items 4 and 5: flow control ======================================================================
+
+
+def rss_bytes(d: Daemon) -> int:
+    for line in Path(f"/proc/{d.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def settled(read: Any, what: str) -> Any:
+    """``read()`` once it returns the same value three times in a row (0.3 s apart)."""
+    values: list[Any] = []
+
+    def same() -> bool:
+        values.append(read())
+        return len(values) >= 3 and values[-1] == values[-2] == values[-3]
+    wait_until(same, 30.0, what, step_s=0.3)
+    return values[-1]
+
+
+def test_a_client_that_never_reads_its_answers_cannot_make_the_daemon_buffer_them(
+        pool: DaemonPool) -> None:
+    from connect_wire.messages import ConnectGroupAlterConnectorsRequest, ConnectGroupDescribeRequest
+    from connect_wire.messages import connect_group_alter_connectors_request_v0 as alter
+
+    d = pool.start()
+    # A group whose ConnectGroupDescribe answer is ~200 KB (10 connectors, 20 KB of config
+    # each), asked for by 20-byte requests: 10,000x amplification.
+    with AdminClient(d.host, d.port) as c:
+        for i in range(10):
+            r = c.call(ConnectGroupAlterConnectorsRequest(
+                group_id="big", upserts=(alter.ConnectorSpec(
+                    name=f"c{i}", task_count=1,
+                    config=(alter.ConfigEntry(name="blob", value="x" * 20_000),)),),
+                deletes=(), validate_only=False))
+            assert r.error_code == 0, r
+        one = c.call(ConnectGroupDescribeRequest(group_ids=("big",)))
+        answer_size = len(codec.encode(one))
+        assert answer_size > 200_000
+    before = rss_bytes(d)
+
+    n = 1500  # ~300 MB of answers for ~40 KB of requests
+    describe = codec.encode(ConnectGroupDescribeRequest(group_ids=("big",)))
+    frames = b"".join(encode_request_frame(ApiKey.CONNECT_GROUP_DESCRIBE, 0, corr, "greedy", describe)
+                      for corr in range(1, n + 1))
+    with raw(d) as s:
+        s.sendall(frames)
+        def answered() -> int:
+            return int(metric(d, "connect_coordinator_requests_total", api="ConnectGroupDescribe",
+                              error="NONE") or 0) - 1  # (one was answered above)
+        wait_until(lambda: answered() >= 128, 30, "the first answers")
+        # The daemon ran socket.max.inflight.requests (128) of them: then the client's unread
+        # answers filled the write buffer and nothing more ran.
+        assert settled(answered, "answers") == 128
+        assert rss_bytes(d) - before < 128 * answer_size + 64 * 1024 * 1024, (rss_bytes(d), before)
+        assert metric(d, "connect_coordinator_connections_read_paused") == 1
+        # Other clients are served meanwhile.
+        assert_healthy(d)
+        # Once the client reads, every answer comes, in order: nothing was dropped.
+        s.settimeout(60)
+        for corr in range(1, n + 1):
+            body = read_frame(s)
+            assert struct.unpack_from(">i", body)[0] == corr
+    assert_healthy(d)
+    assert metric(d, "connect_coordinator_queued_request_bytes") == 0
+
+
+def test_partial_frames_and_queued_requests_are_bounded_all_connections_together(
+        pool: DaemonPool) -> None:
+    budget = 2 * 1024 * 1024
+    # A short idle timeout: what gives the budget back from connections that never complete
+    # their frame (they are not read, so only the idle timeout or their close ends them).
+    d = pool.start(extra_env={"CONNECT_COORDINATOR_QUEUED_MAX_REQUEST_BYTES": str(budget),
+                              "CONNECT_COORDINATOR_SOCKET_IDLE_TIMEOUT_MS": "2000"})
+    admin, w, epochs = _stable_member(d)
+    admin.close()
+    beats = Heartbeater(w)
+    before = rss_bytes(d)
+
+    # 40 connections each send an almost complete 1 MiB frame (a valid ApiVersions request
+    # whose software name is ~1 MiB), holding back its last 10 bytes.
+    attackers = 40
+    versions = APIS[ApiKey.API_VERSIONS].request_class(3)(
+        client_software_name="x" * (MAX_FRAME - 100), client_software_version="1")
+    whole = frame(ApiKey.API_VERSIONS, 3, 1, versions)
+    assert len(whole) <= MAX_FRAME + 4
+    socks = [raw(d) for _ in range(attackers)]
+    for s in socks:
+        send_some(s, whole[:-10])
+    held = settled(lambda: metric(d, "connect_coordinator_queued_request_bytes"), "held bytes")
+    # Past the budget a connection holding a partial frame is not read: what is held is the
+    # budget plus at most one read (256 KiB) per connection that was read after the budget
+    # was reached; without the budget it was all 40 MiB.
+    read_chunk = 256 * 1024
+    assert held is not None and held <= budget + attackers * read_chunk, held
+    assert rss_bytes(d) - before < budget + attackers * read_chunk + 16 * 1024 * 1024
+    assert (metric(d, "connect_coordinator_connections_read_paused") or 0) > 0
+    # Clients that hold no partial frame keep being served meanwhile.
+    assert_healthy(d)
+
+    # A client sending a whole 1 MiB request now is not read past its first bytes (it would
+    # hold more), until the budget drains: here when the idle timeout ends the attackers
+    # (they never complete a request; this client came later, so it is read again first).
+    time.sleep(1.0)  # (not an assertion: the attackers' idle time runs out well before its)
+    late = raw(d)
+    late.settimeout(30)
+    threading.Thread(target=late.sendall, args=(whole,), daemon=True).start()
+    r = answer(late, ApiKey.API_VERSIONS, 3, 1)
+    assert int(r.error_code) == 0
+    late.close()
+    for s in socks:
+        s.close()
+    wait_until(lambda: metric(d, "connect_coordinator_queued_request_bytes") == 0, 30, "budget to drain")
+    assert metric(d, "connect_coordinator_connections_read_paused") == 0
+    answers = beats.stop()
+    assert answers and set(answers) == {0}, answers
+    admin = Admin(d, "victims")
+    assert admin.epochs() == epochs
+    assert_healthy(d)
+    admin.close()
+    w.close()
+
+
+def send_some(s: socket.socket, data: bytes) -> int:
+    """Send what the peer takes within ~1 s (a daemon that stops reading takes less)."""
+    s.settimeout(1)
+    sent = 0
+    try:
+        while sent < len(data):
+            sent += s.send(data[sent:])
+    except TimeoutError:  # the daemon stopped reading this connection: as designed
+        pass
+    return sent

@@ -234,6 +234,15 @@ class CoordinatorServer:
         self.heartbeat_interval_ms = group_config.heartbeat_interval_ms
         self.max_frame_bytes = config["socket.max.frame.bytes"]
         self.max_request_items = config["request.max.items"]
+        # Flow control (docs/daemon.md, "Connections"): per connection, and all together.
+        self.max_inflight_requests = config["socket.max.inflight.requests"]
+        self.max_inflight_bytes = config["socket.max.inflight.bytes"]
+        self.write_buffer_bytes = config["socket.write.buffer.bytes"]
+        self.max_held_bytes = config["queued.max.request.bytes"]
+        self.held_bytes = 0
+        """Bytes of partial request frames and of requests received and not yet answered, every
+        connection together (Connection keeps it; queued.max.request.bytes bounds it)."""
+        self.over_budget = False
         self.max_connections = config["socket.max.connections"]
         self.idle_timeout_s = config["socket.idle.timeout.ms"] / 1000
         data_dir = Path(config["data.dir"])
@@ -256,6 +265,8 @@ class CoordinatorServer:
         self._stopped = asyncio.Event()
         self.bound: tuple[str, int] = ("", 0)
         self.metrics_bound: tuple[str, int] | None = None
+        self.metrics.queued_request_bytes.set_function(lambda: self.held_bytes)
+        self.metrics.connections_read_paused.set_function(self._read_paused)
         self.metrics.register_groups(self._group_rows, config.metrics_groups)
         self._lock: datadir.DataDirLock | None = None
         self.recovery_points: dict[int, int] = {}
@@ -300,6 +311,27 @@ class CoordinatorServer:
         self.metrics.connections.set(len(self.connections))
         return True
 
+    def enter_budget(self) -> None:
+        """held_bytes passed queued.max.request.bytes: stop reading every connection that holds
+        part of it (a partial frame or queued requests); the others keep being served."""
+        self.over_budget = True
+        log.warning("queued.max.request.bytes reached: pausing reads", held=self.held_bytes,
+                    limit=self.max_held_bytes)
+        for conn in list(self.connections):
+            if conn.holds_input:
+                conn.pause_for_budget()
+
+    def check_budget(self) -> None:
+        """Resume the paused connections once held_bytes is back under 3/4 of the budget."""
+        if self.held_bytes > self.max_held_bytes * 3 // 4:
+            return
+        self.over_budget = False
+        for conn in list(self.connections):
+            conn.resume_after_budget()
+
+    def _read_paused(self) -> int:
+        return sum(1 for conn in list(self.connections) if conn.read_paused)
+
     def unregister(self, conn: Connection) -> None:
         self.connections.discard(conn)
         self.metrics.connections.set(len(self.connections))
@@ -323,6 +355,8 @@ class CoordinatorServer:
                 if conn.idle_for > self.idle_timeout_s:
                     log.info("closing idle connection", peer=conn.peer)
                     conn.close()
+                elif self.over_budget:
+                    conn.check_peer_closed()
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:

@@ -13,6 +13,7 @@ about one connection can affect another.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,14 @@ if TYPE_CHECKING:
     from coordinator.server.app import CoordinatorServer
 
 log = logs.get("coordinator.connection")
-MAX_PENDING = 1024
+
+# Why a connection is not read (Connection._pause, a bit set). INFLIGHT and WRITE also stop
+# running the requests already received (they wait in the backlog); BUDGET only stops reading.
+INFLIGHT = 1  # socket.max.inflight.requests / socket.max.inflight.bytes reached
+WRITE = 2  # unsent responses above socket.write.buffer.bytes (the transport's pause_writing)
+BUDGET = 4  # queued.max.request.bytes reached, and this connection holds some of it
+_RUN_STOP = INFLIGHT | WRITE
+_PEER_CLOSED = (7, 8)  # Linux TCP states CLOSE and CLOSE_WAIT (tcp_info.tcpi_state)
 
 _Route = tuple[Any, type, bool, int]  # (API, request class, flexible request header, response header)
 _ROUTES: dict[tuple[int, int], _Route] = {}
@@ -74,13 +82,15 @@ class _Slot:
     """One request's place in the connection's response order."""
 
     __slots__ = ("correlation_id", "header_version", "api", "started", "frame", "error_code",
-                 "request")
+                 "request", "size")
 
-    def __init__(self, correlation_id: int, header_version: int, api: str, started: float) -> None:
+    def __init__(self, correlation_id: int, header_version: int, api: str, started: float,
+                 size: int) -> None:
         self.correlation_id = correlation_id
         self.header_version = header_version
         self.api = api
         self.started = started
+        self.size = size  # the request frame's bytes, held (in flight) until answered
         self.frame: bytes | None = None
         self.error_code = 0
         self.request: Any = None  # the decoded request (for an error response in its stead)
@@ -95,14 +105,25 @@ class Connection(asyncio.Protocol):
         self.peer = ""
         self.last_request = time.monotonic()
         self.closed = False
-        self._paused = False
+        self._pause = 0  # INFLIGHT | WRITE | BUDGET: reading is paused while non-zero
+        self._backlog: deque[bytes] = deque()  # received, not yet run (INFLIGHT or WRITE)
+        # Bytes this connection holds, all in server.held_bytes (queued.max.request.bytes):
+        self._partial = 0  # of the partial frame in the decoder
+        self._queued = 0  # of the frames in the backlog
+        self._inflight = 0  # of the requests run and not yet answered (their slots)
+        self._max_inflight = server.max_inflight_requests
+        self._max_inflight_bytes = server.max_inflight_bytes
         self._flush_scheduled = False
+        self._peer_closed = False  # seen in CLOSE_WAIT while paused for the budget
         self._eof = False  # the peer half-closed: close after the pending responses
         self._ctx = RequestContext()  # the last request's context (client id, peer): reused
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # pause_writing() past this many unsent response bytes, resume_writing() at a quarter.
+        high = self.server.write_buffer_bytes
+        transport.set_write_buffer_limits(high=high, low=high // 4)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else str(peer)
         if not self.server.register(self):
@@ -112,30 +133,124 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server.unregister(self)
+        server = self.server
+        server.held_bytes -= self._partial + self._queued + self._inflight
+        self._partial = self._queued = self._inflight = 0
+        self._backlog.clear()
+        server.unregister(self)
+        if server.over_budget:
+            server.check_budget()
+
+    def pause_writing(self) -> None:  # the transport holds more than socket.write.buffer.bytes
+        self._stop(WRITE)
+
+    def resume_writing(self) -> None:  # ... and is down to a quarter of it
+        self._go(WRITE)
 
     def data_received(self, data: bytes) -> None:
+        decoder = self.decoder
         try:
-            frames = self.decoder.feed(data)
+            frames = decoder.feed(data)
         except FramingError as exc:
             log.info("closing connection: bad frame", peer=self.peer, error=str(exc))
             self.close()
             return
-        if not frames:
-            return
-        now = self.last_request = time.monotonic()
-        for frame in frames:
-            # A frame that closed the connection (malformed header, ...) ends it: the frames
-            # after it in the same chunk must not be executed (they were, writes included).
-            if self.closed:
-                return
+        server = self.server
+        partial = decoder.buffered
+        if partial != self._partial:
+            server.held_bytes += partial - self._partial
+            self._partial = partial
+        if frames:
+            now = self.last_request = time.monotonic()
+            if self._pause & _RUN_STOP or self._backlog:
+                self._enqueue(frames, 0)
+            else:
+                handle = self._handle
+                for i, frame in enumerate(frames):
+                    # A frame that closed the connection (malformed header, ...) ends it: the
+                    # frames after it in the same chunk must not be executed (they were,
+                    # writes included).
+                    if self.closed:
+                        return
+                    handle(frame, now)
+                    if self._pause & _RUN_STOP:  # in-flight limits or a full write buffer
+                        self._enqueue(frames, i + 1)
+                        break
+        if server.held_bytes > server.max_held_bytes and (self._partial or self._queued) \
+                and not self._peer_closed:
+            if not server.over_budget:
+                server.enter_budget()
+            self._stop(BUDGET)
+
+    def _enqueue(self, frames: list[bytes], start: int) -> None:
+        """Keep ``frames[start:]`` for later (_drain): they were read but may not run yet."""
+        added = 0
+        for frame in frames[start:]:
+            self._backlog.append(frame)
+            added += len(frame)
+        self._queued += added
+        self.server.held_bytes += added
+
+    def _drain(self) -> None:
+        """Run backlogged requests until a limit stops it again (or none is left)."""
+        backlog = self._backlog
+        now = time.monotonic()
+        while backlog and not self._pause & _RUN_STOP and not self.closed:
+            frame = backlog.popleft()
+            self._queued -= len(frame)
+            self.server.held_bytes -= len(frame)
             self._handle(frame, now)
+
+    @property
+    def holds_input(self) -> bool:
+        return bool(self._partial or self._queued)
+
+    @property
+    def read_paused(self) -> bool:
+        return bool(self._pause)
+
+    def pause_for_budget(self) -> None:
+        if not self._peer_closed:
+            self._stop(BUDGET)
+
+    def check_peer_closed(self) -> None:
+        """A connection not read for the budget does not see its peer go away (nobody polls
+        it); the reaper asks the kernel (Linux TCP_INFO: CLOSE_WAIT = the peer sent FIN) and a
+        closed peer's connection is read again: what it sent is bounded by the socket's
+        receive buffer, and its end of stream closes it, giving its bytes back to the budget."""
+        if not self._pause & BUDGET or self.transport is None:
+            return
+        sock = self.transport.get_extra_info("socket")
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        except (AttributeError, OSError):
+            return
+        if state in _PEER_CLOSED:
+            self._peer_closed = True
+            self._go(BUDGET)
+
+    def resume_after_budget(self) -> None:
+        self._go(BUDGET)
+
+    def _stop(self, reason: int) -> None:
+        if not self._pause and self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        self._pause |= reason
+
+    def _go(self, reason: int) -> None:
+        if not self._pause & reason:
+            return
+        self._pause &= ~reason
+        if reason & _RUN_STOP and not self._pause & _RUN_STOP:
+            self._drain()
+        if not self._pause and self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         # Close once we answered what we got. Returning None closed the transport at once,
         # dropping the responses to requests still in flight (a client that half-closes after
         # sending got nothing); keep the write side open until they are written (_flush).
-        if not self.pending:
+        if not self.pending and not self._backlog:
             return None
         self._eof = True
         return True
@@ -161,8 +276,7 @@ class Connection(asyncio.Protocol):
             # One "Unknown" label for every unknown key (the metrics' api label): a label per
             # key let a client create up to 65536 request-count series.
             name = api.name if api is not None else "Unknown"
-            slot = _Slot(correlation_id, 0, name, started)
-            self.pending.append(slot)
+            slot = self._slot(correlation_id, 0, name, started, len(frame))
             self._fill(slot, self.server.router.api_versions(0, ErrorCode.UNSUPPORTED_VERSION),
                        ErrorCode.UNSUPPORTED_VERSION)
             return
@@ -173,11 +287,15 @@ class Connection(asyncio.Protocol):
             log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
             self.close()
             return
-        slot = _Slot(correlation_id, response_header, api.name, started)
-        self.pending.append(slot)
-        if len(self.pending) >= MAX_PENDING and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        # self._slot(), inlined (the per-request path).
+        size = len(frame)
+        slot = _Slot(correlation_id, response_header, api.name, started, size)
+        pending = self.pending
+        pending.append(slot)
+        self._inflight += size
+        self.server.held_bytes += size
+        if len(pending) >= self._max_inflight or self._inflight >= self._max_inflight_bytes:
+            self._stop(INFLIGHT)
         try:
             request = codec.decode(request_class, frame, offset)[0]
         except codec.DecodeError as exc:
@@ -185,7 +303,7 @@ class Connection(asyncio.Protocol):
             if response is None:  # a Kafka API: Kafka closes the connection too
                 log.info("closing connection: malformed request", peer=self.peer, api=api.name,
                          error=str(exc))
-                self.pending.remove(slot)
+                self._forget(slot)
                 self.close()
                 return
             self._fill(slot, response, ErrorCode.INVALID_REQUEST)
@@ -232,8 +350,25 @@ class Connection(asyncio.Protocol):
                 continue
             self._fill(slot, None, code, body)
             return
-        self.pending.remove(slot)
+        self._forget(slot)
         self.close()
+
+    def _slot(self, correlation_id: int, header_version: int, api: str, started: float,
+              size: int) -> _Slot:
+        """A request's place in the response order; it counts as in flight until written."""
+        slot = _Slot(correlation_id, header_version, api, started, size)
+        pending = self.pending
+        pending.append(slot)
+        self._inflight += size
+        self.server.held_bytes += size
+        if len(pending) >= self._max_inflight or self._inflight >= self._max_inflight_bytes:
+            self._stop(INFLIGHT)
+        return slot
+
+    def _forget(self, slot: _Slot) -> None:
+        self.pending.remove(slot)
+        self._inflight -= slot.size
+        self.server.held_bytes -= slot.size
 
     def _fill(self, slot: _Slot, response: Any, error_code: int, body: bytes | None = None) -> None:
         if body is not None:
@@ -248,7 +383,7 @@ class Connection(asyncio.Protocol):
             except Exception as exc:  # no encoder failure may take the connection down
                 log.error("cannot encode a response", api=slot.api, error=repr(exc), peer=self.peer)
                 if slot.request is None:  # unsupported version / malformed: nothing to answer
-                    self.pending.remove(slot)
+                    self._forget(slot)
                     self.close()
                     return
                 self._fill_error(slot, ErrorCode.UNKNOWN_SERVER_ERROR,
@@ -268,10 +403,19 @@ class Connection(asyncio.Protocol):
         metrics = self.server.metrics
         ready: list[bytes] = []
         now = time.monotonic()
-        while self.pending and self.pending[0].frame is not None:
-            slot = self.pending.popleft()
+        pending = self.pending
+        freed = 0
+        while pending and pending[0].frame is not None:
+            slot = pending.popleft()
             ready.append(slot.frame)  # type: ignore[arg-type]
+            freed += slot.size
             metrics.request_done(slot.api, slot.error_code, now - slot.started)
+        if freed:
+            self._inflight -= freed
+            server = self.server
+            server.held_bytes -= freed
+            if server.over_budget:
+                server.check_budget()
         if ready and not self.closed and self.transport is not None:
             # One write (one send syscall) for every response ready in order, not one each.
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
@@ -279,13 +423,12 @@ class Connection(asyncio.Protocol):
             # longer than socket.idle.timeout.ms got its connection reaped right after
             # its answer, before the client could send the next heartbeat.
             self.last_request = now
-        if self._eof and not self.pending:
+        if self._pause & INFLIGHT and len(pending) <= self._max_inflight // 2 \
+                and self._inflight <= self._max_inflight_bytes // 2:
+            self._go(INFLIGHT)
+        if self._eof and not pending and not self._backlog:
             self.close()
-            return
-        if self._paused and len(self.pending) < MAX_PENDING // 2 and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
 
     @property
     def idle_for(self) -> float:
-        return time.monotonic() - self.last_request if not self.pending else 0.0
+        return time.monotonic() - self.last_request if not (self.pending or self._backlog) else 0.0
