@@ -1347,6 +1347,9 @@ async def test_failed_log_is_reopened_and_the_partition_reloaded(tmp_path: Path,
         await asyncio.sleep(0.05)
     assert shard.log is not failing_log and shard.log.failed is None
     assert shard.recovery is not None and shard.recovery.truncated, "the torn batch was cut at reopen"
+    # Logged (error level) and counted (issue 11, item 10).
+    assert shard.metrics.registry.get_sample_value(
+        "connect_coordinator_partition_reloads_total", {"partition": "0"}) == 1.0
     await _settle(shard)
     live = shard.core.state.snapshot()
     assert "d" in live[gid]["connectors"] and "c" not in live[gid]["connectors"]
