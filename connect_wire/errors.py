@@ -125,6 +125,7 @@ class ErrorCode(IntEnum):
         "Another member with the same instance id has registered with a different member id.",
     )
     THROTTLING_QUOTA_EXCEEDED = 89, True, "The throttling quota has been exceeded."
+    UNKNOWN_TOPIC_ID = 100, True, "This server does not host this topic ID."
     FENCED_MEMBER_EPOCH = (
         110,
         False,

@@ -23,7 +23,6 @@ from connect_wire.apis import APIS
 from connect_wire.errors import ErrorCode
 
 CLUSTER_ID = "connect-coordinator"
-UNKNOWN_TOPIC_ID = 100  # Kafka's code (Metadata v12+ lookups by topic id); only answered here
 NODE_ID = 0
 
 
@@ -116,7 +115,7 @@ def metadata(cls: type, request: Any, host: str, port: int) -> Any:
         if invalid:
             code, name = ErrorCode.INVALID_REQUEST, name or ""
         elif name is None:
-            code = UNKNOWN_TOPIC_ID
+            code = ErrorCode.UNKNOWN_TOPIC_ID
         else:
             code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         topics.append({"error_code": code, "name": name, "topic_id": topic_id,
