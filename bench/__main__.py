@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         print("benchmarks: " + ", ".join(available))
         return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
+    name, rest = argv[0].replace("-", "_"), argv[1:]  # `etcd-layout` runs bench/etcd_layout.py
     if name == "list":
         print("\n".join(available))
         return 0
