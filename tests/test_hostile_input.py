@@ -283,12 +283,30 @@ def _stable_member(d: Daemon) -> tuple[Admin, Worker, tuple[int, int]]:
     return admin, w, admin.epochs()
 
 
+def read_big_frame(s: socket.socket) -> bytes:
+    """A frame read into one buffer (recv_into releases the GIL and copies nothing twice:
+    ``buf += chunk`` over megabytes held the GIL for seconds and starved the heartbeat thread
+    of this same process, which then missed its session)."""
+    def exactly(n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = s.recv_into(view[got:], n - got)
+            if not k:
+                raise ConnectionError("closed")
+            got += k
+        return buf
+    (size,) = struct.unpack(">i", exactly(4))
+    return bytes(exactly(size))
+
+
 def _frames_in_thread(s: socket.socket, n: int) -> tuple[threading.Thread, list[bytes]]:
     got: list[bytes] = []
 
     def read() -> None:
         for _ in range(n):
-            got.append(read_frame(s))
+            got.append(read_big_frame(s))
     t = threading.Thread(target=read, daemon=True)
     t.start()
     return t, got
@@ -299,8 +317,6 @@ MAX_FRAME = 1024 * 1024
 
 def test_oversized_requests_are_refused_and_live_members_are_not_expired(pool: DaemonPool) -> None:
     d = pool.start()
-    admin, w, epochs = _stable_member(d)
-    beats = Heartbeater(w)
 
     # Three 1 MiB FindCoordinator v4 frames naming ~520,000 keys each (2 bytes a key), one
     # DescribeGroups v5 and one ConnectGroupDescribe as large, pipelined on one connection.
@@ -313,12 +329,16 @@ def test_oversized_requests_are_refused_and_live_members_are_not_expired(pool: D
     connect_describe = ConnectGroupDescribeRequest(group_ids=keys)
     requests = [(ApiKey.FIND_COORDINATOR, 4, find)] * 3 + [
         (ApiKey.DESCRIBE_GROUPS, 5, describe), (ApiKey.CONNECT_GROUP_DESCRIBE, 0, connect_describe)]
+    # Encoded before the member joins (encoding holds this process's GIL for seconds).
+    frames = [frame(key, version, corr, req)
+              for corr, (key, version, req) in enumerate(requests, start=1)]
+    assert all(len(out) <= MAX_FRAME + 4 for out in frames)
+    admin, w, epochs = _stable_member(d)
+    beats = Heartbeater(w)
     with raw(d) as s:
         s.settimeout(120)
         reader, got = _frames_in_thread(s, len(requests))
-        for corr, (key, version, req) in enumerate(requests, start=1):
-            out = frame(key, version, corr, req)
-            assert len(out) <= MAX_FRAME + 4
+        for out in frames:
             s.sendall(out)
         reader.join(120)
     answers = beats.stop()
@@ -513,3 +533,32 @@ def send_some(s: socket.socket, data: bytes) -> int:
     except TimeoutError:  # the daemon stopped reading this connection: as designed
         pass
     return sent
+
+
+def test_describe_answers_are_bounded_by_request_max_response_bytes(pool: DaemonPool) -> None:
+    """Ten thousand copies of one large group's id (within request.max.items) asked for an
+    answer of gigabytes: groups are described in order, each whole, and once the answer passed
+    request.max.response.bytes the rest are refused."""
+    from connect_wire.messages import ConnectGroupAlterConnectorsRequest, ConnectGroupDescribeRequest
+    from connect_wire.messages import connect_group_alter_connectors_request_v0 as alter
+
+    d = pool.start(extra_env={"CONNECT_COORDINATOR_REQUEST_MAX_RESPONSE_BYTES": "5000"})
+    with AdminClient(d.host, d.port) as c:
+        r = c.call(ConnectGroupAlterConnectorsRequest(
+            group_id="big", upserts=(alter.ConnectorSpec(
+                name="c", task_count=1, config=(alter.ConfigEntry(name="blob", value="x" * 2000),)),),
+            deletes=(), validate_only=False))
+        assert r.error_code == 0
+        r = c.call(ConnectGroupDescribeRequest(group_ids=("big",) * 10 + ("nope",)))
+        assert [g.error_code for g in r.groups] == [0] * 3 + [E.INVALID_REQUEST] * 8
+        assert all(g.group_id == "big" and g.connectors for g in r.groups[:3])
+        assert "request.max.response.bytes=5000" in r.groups[3].error_message
+        # A group larger than the limit is still described (each group whole, the first always).
+        r = c.call(ConnectGroupDescribeRequest(group_ids=("nope", "big")))
+        assert [g.error_code for g in r.groups] == [E.GROUP_ID_NOT_FOUND, 0]
+        dg = APIS[ApiKey.DESCRIBE_GROUPS].request_class(5)
+        r = c.call(dg(groups=("big",) * 2000, include_authorized_operations=False))
+        codes = [int(g.error_code) for g in r.groups]
+        assert codes[0] == 0 and codes[-1] == E.INVALID_REQUEST and len(codes) == 2000
+        assert codes == sorted(codes)  # described ones first, then the refused
+    assert_healthy(d)

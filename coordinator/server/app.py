@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from connect_wire import codec
 from connect_wire.apis import APIS, ApiKey
 from connect_wire.errors import ErrorCode
 from connect_wire.messages import (
@@ -181,11 +182,27 @@ class Router:
         return asyncio.ensure_future(coroutine)
 
     def _connect_describe(self, req: ConnectGroupDescribeRequest) -> asyncio.Future[Any]:
+        limit = self.server.max_response_bytes
+
+        def refused(group_id: str) -> Any:
+            return _desc.DescribedGroup(
+                error_code=ErrorCode.INVALID_REQUEST, group_id=group_id, group_state="Dead",
+                error_message=f"the answer would exceed request.max.response.bytes={limit}: "
+                              "describe fewer groups at a time",
+                group_epoch=-1, assignment_epoch=-1, assignor_name=None, assigning_member_id=None)
+
         async def run() -> Any:
-            groups = []
+            # Encoded a group at a time (each read is a shard round trip: other callbacks run
+            # in between); past request.max.response.bytes the remaining groups are refused
+            # (ten thousand copies of a group of 100,000 tasks was an answer of gigabytes).
+            entries, total = [], 0
             for group_id in req.group_ids:
-                groups.append(await self._describe_one(group_id))
-            return ConnectGroupDescribeResponse(groups=tuple(groups))
+                described = await self._describe_one(group_id) if total <= limit else refused(group_id)
+                entry = codec.encode(described)
+                total += len(entry)
+                entries.append(entry)
+            return kafka_apis.assemble(
+                lambda g: ConnectGroupDescribeResponse(groups=(refused(g),)), "groups", entries)
         return self._gather(run())
 
     async def _describe_one(self, group_id: str) -> Any:
@@ -218,9 +235,20 @@ class Router:
         return self._gather(run())
 
     def _describe_groups(self, cls: type, req: Any) -> asyncio.Future[Any]:
+        limit = self.server.max_response_bytes
+        refused = kafka_apis.describe_groups_refused(cls)
+
         async def run() -> Any:
-            described = [(g, await self._describe_one(g)) for g in req.groups]
-            return kafka_apis.describe_groups(cls, described)
+            # As _connect_describe: a group at a time, the rest refused past the limit.
+            entries, total = [], 0
+            for g in req.groups:
+                if total <= limit:
+                    entry = kafka_apis.described_group(cls, g, await self._describe_one(g))
+                else:
+                    entry = codec.encode(refused(g).groups[0])
+                total += len(entry)
+                entries.append(entry)
+            return kafka_apis.assemble(refused, "groups", entries)
         return self._gather(run())
 
 
@@ -234,6 +262,7 @@ class CoordinatorServer:
         self.heartbeat_interval_ms = group_config.heartbeat_interval_ms
         self.max_frame_bytes = config["socket.max.frame.bytes"]
         self.max_request_items = config["request.max.items"]
+        self.max_response_bytes = config["request.max.response.bytes"]
         # Flow control (docs/daemon.md, "Connections"): per connection, and all together.
         self.max_inflight_requests = config["socket.max.inflight.requests"]
         self.max_inflight_bytes = config["socket.max.inflight.bytes"]

@@ -232,6 +232,28 @@ def _splice(make: Callable[[str], Any], items_field: str) -> tuple[bytes, bytes,
             one[cut + len(sentinel):], whole[at + len(one):], flexible)
 
 
+def _count(n: int, flexible: bool) -> bytes:
+    """An array's length: compact (varint n + 1) or int32."""
+    if not flexible:
+        return n.to_bytes(4, "big")
+    n += 1
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def assemble(make: Callable[[str], Any], items_field: str, entries: list[bytes],
+             error_code: int = 0) -> Encoded:
+    """The response ``make`` builds (see :func:`refuse_items`) with ``entries``, each an entry
+    already encoded, as its array: a large answer encoded an entry at a time."""
+    before, _, _, after, flexible = _splice(make, items_field)
+    return Encoded(b"".join((before, _count(len(entries), flexible), *entries, after)),
+                   error_code)
+
+
 def refuse_items(make: Callable[[str], Any], items_field: str, keys: Any, code: int,
                  make_first: Callable[[str], Any] | None = None) -> Encoded:
     """A response with one error entry per key (Kafka's getErrorResponse for a list request),
@@ -242,17 +264,7 @@ def refuse_items(make: Callable[[str], Any], items_field: str, keys: Any, code: 
     once, not 500,000 times)."""
     before, head, tail, after, flexible = _splice(make, items_field)
     keys = list(keys)
-    count = len(keys) + 1 if flexible else len(keys)
-    if flexible:
-        prefix = bytearray()
-        while count >= 0x80:
-            prefix.append((count & 0x7F) | 0x80)
-            count >>= 7
-        prefix.append(count)
-        count_bytes = bytes(prefix)
-    else:
-        count_bytes = count.to_bytes(4, "big")
-    parts = [before, count_bytes]
+    parts = [before, _count(len(keys), flexible)]
     rest = keys
     if make_first is not None and keys:
         _, head1, tail1, _, _ = _splice(make_first, items_field)
@@ -299,6 +311,20 @@ def too_many_items(cls: type, request: Any, limit: int) -> Encoded | None:
         return build(cls, {**top, field: [{**entry, key: k, **(extra or {})}]})
     first = (lambda k: make(k, {"error_message": message})) if api_key == 10 else None
     return refuse_items(make, field, keys, code, first)
+
+
+def described_group(cls: type, group_id: str, d: Any) -> bytes:
+    """One DescribeGroups entry of ``cls``, encoded (see :func:`describe_groups`)."""
+    return codec.encode(describe_groups(cls, [(group_id, d)]).groups[0])
+
+
+def describe_groups_refused(cls: type) -> Callable[[str], Any]:
+    """The maker of a DescribeGroups response with one entry refused (INVALID_REQUEST; the
+    entries carry no message)."""
+    return lambda g: build(cls, {"throttle_time": 0, "groups": [
+        {"error_code": ErrorCode.INVALID_REQUEST, "group_id": g, "group_state": "",
+         "protocol_type": "", "protocol_data": "", "members": [],
+         "authorized_operations": -2147483648}]})
 
 
 def describe_groups(cls: type, described: list[Any]) -> Any:
