@@ -23,7 +23,8 @@ seconds), then one event:
 * ``kill``: SIGKILL the worker that runs the most tasks;
 * ``add``: start worker N+1;
 * ``pause``: SIGSTOP the worker that runs the most tasks for P seconds (longer than the session
-  timeout), then SIGCONT.
+  timeout), then SIGCONT. Ours, woken past its lease's end plus its stop budget, ends itself
+  (the fail-stop rule, exit status 3) and is restarted as a supervisor would (``fail_stops``).
 
 The run ends when, after the event (and after the SIGCONT), every task has run exactly once for
 Q seconds. Measured from the records over [event, end]: time until full coverage (every task
@@ -59,6 +60,7 @@ from typing import Any
 
 from bench import _records
 from bench._common import RESULTS, ROOT, BenchError, Process, child_env, machine, start_daemon
+from worker_client.failstop import FAIL_STOP_EXIT
 
 SCENARIOS = ("kill", "add", "pause")
 VARIANTS = ("ours", "tooz")
@@ -225,11 +227,12 @@ class Run:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ended: dict[int, tuple[float, str]] = {}
         self.pauses: dict[int, list[tuple[float, float | None]]] = {}
+        self.fail_stops = 0
         variant.prepare(self.group, self.records)
 
     def spawn(self, name: str) -> None:
         log = self.base / f"worker-{name}.log"
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:  # (appended: a restarted worker keeps its predecessor's log)
             self.procs[name] = subprocess.Popen(
                 self.variant.command(name, self.group, self.records, self.tag), stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
@@ -251,8 +254,16 @@ class Run:
         seen = -1
         while True:
             self.variant.check()
-            for name, proc in self.procs.items():
+            for name, proc in list(self.procs.items()):
                 if proc.pid not in self.ended and proc.poll() is not None:
+                    if proc.returncode == FAIL_STOP_EXIT and self.variant.name == "ours":
+                        # The fail-stop rule (docs/worker.md): a worker that wakes from a pause
+                        # past its lease's end plus its stop budget ends itself, its work with
+                        # it (its records end here, like a kill); a supervisor restarts it.
+                        self.ended[proc.pid] = (time.time(), "kill")
+                        self.fail_stops += 1
+                        self.spawn(name)
+                        continue
                     raise BenchError(f"{self.variant.name} worker {name} exited with {proc.returncode} "
                                      f"during {what}:\n{self.logs(name)}")
             now = time.time()
@@ -338,6 +349,7 @@ def run_once(variant: Ours | Tooz, scenario: str, args: argparse.Namespace, base
         resumed: float | None = None
         joined_by: float | None = None  # add: wait for the new worker's first start (or this)
         victim = ""
+        paused_pid = 0
         t0 = time.time()
         if scenario == "kill":
             victim = names[rep % len(names)]
@@ -355,7 +367,7 @@ def run_once(variant: Ours | Tooz, scenario: str, args: argparse.Namespace, base
             joined_by = time.monotonic() + 20
         elif scenario == "pause":
             victim = names[rep % len(names)]
-            pid = run.procs[victim].pid
+            pid = paused_pid = run.procs[victim].pid
             t0 = time.time()
             os.kill(pid, signal.SIGSTOP)
             run.pauses[pid] = [(t0, None)]
@@ -378,7 +390,7 @@ def run_once(variant: Ours | Tooz, scenario: str, args: argparse.Namespace, base
         need = _records.min_moves(before, names, after_workers)
         stopped_after_resume = None  # pause: how long the resumed worker still owned its tasks
         if resumed is not None:
-            pid = run.procs[victim].pid
+            pid = paused_pid
             stops = [iv.stop for iv in tl.intervals if iv.pid == pid and iv.start < t0
                      and iv.item in before and iv.stop is not None and iv.stop >= resumed]
             stopped_after_resume = round(max(stops) - resumed, 3) if stops else None
@@ -386,6 +398,7 @@ def run_once(variant: Ours | Tooz, scenario: str, args: argparse.Namespace, base
             "variant": variant.name, "scenario": scenario, "tag": tag, "victim": victim,
             "victim_tasks": sum(1 for owner in before.values() if owner == victim),
             "event_ts": round(t0, 6), "stopped_after_resume_s": stopped_after_resume,
+            "fail_stops": run.fail_stops,
             "converged": converged,
             "covered_after_s": None if w.covered_after_s is None else round(w.covered_after_s, 3),
             "moves": w.moves, "min_moves": need,

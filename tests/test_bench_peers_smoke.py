@@ -17,7 +17,7 @@ ROW_KEYS = {"scenario", "system", "workers", "tasks", "covered_after_s", "not_co
 RUN_KEYS = {"variant", "scenario", "tag", "victim", "victim_tasks", "event_ts", "stopped_after_resume_s",
             "converged", "covered_after_s", "moves",
             "min_moves", "double_owned_s", "double_owned_tasks", "max_double_owned_at_once", "downtime_s",
-            "window_s", "problems"}
+            "window_s", "problems", "fail_stops"}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -46,6 +46,8 @@ def test_bench_peers_smoke(tmp_path: Path) -> None:
         for key in ("double_owned_s", "downtime_s", "window_s"):
             assert isinstance(run[key], int | float) and run[key] >= 0
         assert isinstance(run["moves"], int) and isinstance(run["min_moves"], int)
+        # Only ours fail-stops (a worker woken past its lease's end plus its budget ends itself).
+        assert run["fail_stops"] == 0 or (run["variant"], run["scenario"]) == ("ours", "pause")
     head = data["headline"]
     assert set(head["double_owned_s"]) == {"ours", "tooz"}
     lines = result.stdout.strip().splitlines()
