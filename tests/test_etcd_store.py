@@ -289,6 +289,28 @@ async def test_batches_over_etcds_limits_are_refused_before_sending(
         await lease.close()
 
 
+async def test_the_size_accounting_is_protobufs_own(client: Etcd3Client, prefix: str) -> None:
+    """append() sizes requests without building them: exactly protobuf's size while positions
+    fit one byte (up to 128 operations), never below it beyond that."""
+    lease = await NodeLease.grant(client, 30)
+    try:
+        for max_ops, exact in ((128, True), (1000, False)):
+            store = await EtcdPartitionStore.acquire(client, prefix, 0, "node-a", lease,
+                                                     max_txn_ops=max_ops)
+            for n, value_len in ((1, 0), (5, 100), (127, 300), (128, 20_000), (300, 7)):
+                if n > max_ops:
+                    continue  # refused by the operations limit before its size matters
+                writes = {f"k{i:05d}".encode() * (1 + i % 4): (None if i % 5 == 4 else b"z" * value_len)
+                          for i in range(n)}
+                computed = store._compare_bytes + sum(store._op_bytes(k, v) for k, v in writes.items())
+                actual = store._request_bytes(writes)
+                assert computed >= actual
+                if exact and n <= 128:
+                    assert computed == actual, (n, value_len)
+    finally:
+        await lease.close()
+
+
 async def test_a_group_commit_packs_appends_into_transactions_each_append_whole(
     client: Etcd3Client, prefix: str
 ) -> None:

@@ -236,11 +236,26 @@ def _read_uvarint(data: bytes) -> tuple[int, int]:
         shift += 7
 
 
+def _uvarint_len(n: int) -> int:
+    length = 1
+    while n >= 0x80:
+        n >>= 7
+        length += 1
+    return length
+
+
+def _field_len(n: int) -> int:
+    """Bytes of a length-delimited protobuf field of ``n`` bytes (field number < 16)."""
+    return 1 + _uvarint_len(n) + n
+
+
 @dataclass
 class _Txn:
     """The (deduplicated) writes of one or more appends that go in one transaction."""
 
     writes: dict[bytes, bytes | None] = field(default_factory=dict)  # record key -> last value
+    op_bytes: dict[bytes, int] = field(default_factory=dict)  # record key -> its op's bytes
+    total: int = 0  # sum of op_bytes
     appends: int = 0
 
 
@@ -368,6 +383,8 @@ class EtcdPartitionStore:
         self.owner_key = self._base + b"owner"
         self.records_prefix = self._base + b"r/"
         self._pending: list[_Txn] = []
+        self._position_width = _uvarint_len(max(0, max_txn_ops - 1))
+        self._compare_bytes = _field_len(self._owner_compare().ByteSize())
         self._appends = 0
         self.committed_revision = owner_revision
         self.deposed = False
@@ -514,15 +531,29 @@ class EtcdPartitionStore:
         return ops
 
     def _request_bytes(self, writes: dict[bytes, bytes | None]) -> int:
-        """The size of the TxnRequest commit() would send for ``writes``."""
+        """The exact size of the TxnRequest commit() would send for ``writes`` (protobuf)."""
         return TxnRequest(compare=[self._owner_compare()], success=self._ops(writes)).ByteSize()
 
-    def _fits(self, writes: dict[bytes, bytes | None]) -> tuple[bool, str]:
-        if len(writes) > self.max_txn_ops:
-            return False, "max-txn-ops"
-        if self._request_bytes(writes) + REQUEST_OVERHEAD_BYTES > self.max_request_bytes:
-            return False, "max-request-bytes"
-        return True, ""
+    def _op_bytes(self, key: bytes, value: bytes | None) -> int:
+        """Bytes one write adds to the TxnRequest (``success`` entry), computed as protobuf
+        encodes it, counting its position prefix at its widest (``max_txn_ops - 1``) so that
+        the size does not depend on the order: never below the exact size."""
+        full = len(self.records_prefix) + len(key)
+        if value is None:  # RequestOp.request_delete_range = 4 { key = 1 }
+            inner = _field_len(_field_len(full))
+        else:  # RequestOp.request_put = 2 { key = 1, value = 2 }
+            inner = _field_len(_field_len(full) + _field_len(self._position_width + len(value)))
+        return _field_len(inner)
+
+    def _limit_refusal(self, ops: int, request_bytes: int) -> BatchExceedsEtcdLimits | None:
+        if ops > self.max_txn_ops:
+            return BatchExceedsEtcdLimits(self.partition, ops, self.max_txn_ops,
+                                          "max-txn-ops", "operations")
+        size = request_bytes + REQUEST_OVERHEAD_BYTES
+        if size > self.max_request_bytes:
+            return BatchExceedsEtcdLimits(self.partition, size, self.max_request_bytes,
+                                          "max-request-bytes", "bytes")
+        return None
 
     def append(self, records: Records, timestamp_ms: int | None = None) -> int:
         """Buffer ``records`` (key bytes, value bytes or None: a tombstone) as ONE atomic batch;
@@ -530,7 +561,7 @@ class EtcdPartitionStore:
 
         Raises :class:`BatchExceedsEtcdLimits` (nothing buffered) if the batch alone cannot fit
         in one etcd transaction. ``timestamp_ms`` is accepted for ``PartitionLog`` parity and
-        not stored (a tombstone deletes its key at once)."""
+        not stored (a tombstone deletes its key at once). Cost: O(records)."""
         self._check_writable()
         if not records:
             raise ValueError("append needs at least one record")
@@ -538,25 +569,26 @@ class EtcdPartitionStore:
         for key, value in records:
             writes.pop(key, None)  # re-inserted last: the position of its last write
             writes[key] = value
-        if len(writes) > self.max_txn_ops:
-            raise BatchExceedsEtcdLimits(self.partition, len(writes), self.max_txn_ops,
-                                         "max-txn-ops", "operations")
-        size = self._request_bytes(writes) + REQUEST_OVERHEAD_BYTES
-        if size > self.max_request_bytes:
-            raise BatchExceedsEtcdLimits(self.partition, size, self.max_request_bytes,
-                                         "max-request-bytes", "bytes")
+        op_bytes = {key: self._op_bytes(key, value) for key, value in writes.items()}
+        total = sum(op_bytes.values())
+        refusal = self._limit_refusal(len(writes), self._compare_bytes + total)
+        if refusal is not None:
+            raise refusal
         current = self._pending[-1] if self._pending else None
         if current is not None:
-            merged = dict(current.writes)
-            for key, value in writes.items():
-                merged.pop(key, None)
-                merged[key] = value
-            if self._fits(merged)[0]:
-                current.writes = merged
+            replaced = [k for k in writes if k in current.writes]
+            merged_ops = len(current.writes) + len(writes) - len(replaced)
+            merged_total = current.total + total - sum(current.op_bytes[k] for k in replaced)
+            if self._limit_refusal(merged_ops, self._compare_bytes + merged_total) is None:
+                for key, value in writes.items():
+                    current.writes.pop(key, None)
+                    current.writes[key] = value
+                    current.op_bytes[key] = op_bytes[key]
+                current.total = merged_total
                 current.appends += 1
                 self._appends += 1
                 return self._appends
-        self._pending.append(_Txn(writes, 1))
+        self._pending.append(_Txn(writes, op_bytes, total, 1))
         self._appends += 1
         return self._appends
 
