@@ -26,7 +26,8 @@ Measured per layout:
    p50/p99 commit latency (snapshots included for ``batches``).
 2. **load**: one partition holding the live state of ``--load-groups`` groups (written through
    the layout, plus one round of churn), loaded by a new owner: etcd reads + decoding + replay
-   into a ``CoordinatorState`` (what a shard load does), seconds and records read; for
+   into a ``CoordinatorState`` (what a shard load does), seconds (and of that, the etcd reads
+   with decoding into ordered records) and records read; for
    ``batches``, also the time one snapshot of that state takes (the partition's writes wait).
 3. **etcd growth**: after the write phase, etcd's ``dbSize`` (the bbolt file) and
    ``dbSizeInUse``, the revisions created, the live keys; then after compacting to the current
@@ -94,6 +95,7 @@ def live_state_batches(groups: int, members: int) -> list[Records]:
 _LEN = struct.Struct(">I")
 _VLEN = struct.Struct(">i")
 CHUNK_BYTES = 1024 * 1024
+LOAD_REPEAT = 7
 
 
 def encode_batch(records: Records) -> bytes:
@@ -314,7 +316,7 @@ async def run_layout(layout: str, batch: int, load: bool, args: argparse.Namespa
 async def measure_load(layout: str, etcd: Any, client: Any, lease: Any, args: argparse.Namespace,
                        prefix: str) -> dict[str, Any]:
     """A partition holding ``--load-groups`` groups, written through the layout, loaded by a
-    new owner: etcd reads, decoding, replay into a CoordinatorState (median of 3)."""
+    new owner: etcd reads, decoding, replay into a CoordinatorState (median of LOAD_REPEAT)."""
     _, _, _, store_mod, _ = etcd
     p = args.partitions
     state_batches = live_state_batches(args.load_groups, args.members)
@@ -332,19 +334,20 @@ async def measure_load(layout: str, etcd: Any, client: Any, lease: Any, args: ar
     live_records = len({k for b in state_batches for k, _ in b})
     new_lease = await store_mod.NodeLease.grant(client, 60)
     load_times: list[float] = []
-    for _ in range(3):
+    read_times: list[float] = []
+    for _ in range(LOAD_REPEAT):
         t = time.perf_counter()
         state = CoordinatorState()
         if layout == "keys":
             store = await store_mod.EtcdPartitionStore.acquire(client, prefix, p, "bench-2", new_lease)
-            with serde.BulkLoader(state) as loader:
-                await store.load(loader.add)
+            records = await store.load()
             read = store.live_keys
         else:
             reader = BatchLog(etcd, client, prefix, p, new_lease.id, args.snapshot_ratio)
             records, read = await reader.load()
-            with serde.BulkLoader(state) as loader:
-                loader.add(records)
+        read_times.append(time.perf_counter() - t)
+        with serde.BulkLoader(state) as loader:
+            loader.add(records)
         load_times.append(time.perf_counter() - t)
     snapshot_s = 0.0
     if layout == "batches":  # one snapshot of this state: the partition's writes wait for it
@@ -358,6 +361,7 @@ async def measure_load(layout: str, etcd: Any, client: Any, lease: Any, args: ar
     return {"load_live_records": live_records, "load_keys_read": read,
             "load_records_replayed": loader.stats.records,
             "load_seconds": round(statistics.median(load_times), 4),
+            "load_read_seconds": round(statistics.median(read_times), 4),
             "load_state_snapshot_seconds": round(snapshot_s, 4)}
 
 
@@ -371,11 +375,12 @@ def _mib(n: int) -> str:
 def render(rows: list[dict[str, Any]]) -> str:
     header = (f"{'layout':>8} {'batch':>5} {'commits/s':>9} {'records/s':>9} {'p50 ms':>7} "
               f"{'p99 ms':>7} {'snaps':>5} {'revs':>6} {'keys':>6} {'live':>6} {'in use MiB':>10} "
-              f"{'compacted MiB':>13} {'load s':>7} {'keys read':>9} {'replayed':>8}")
+              f"{'compacted MiB':>13} {'load s':>7} {'read s':>7} {'keys read':>9} {'replayed':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
-        load = (f"{r['load_seconds']:>7.3f} {r['load_keys_read']:>9} {r['load_records_replayed']:>8}"
-                if "load_seconds" in r else f"{'-':>7} {'-':>9} {'-':>8}")
+        load = (f"{r['load_seconds']:>7.3f} {r['load_read_seconds']:>7.3f} {r['load_keys_read']:>9} "
+                f"{r['load_records_replayed']:>8}" if "load_seconds" in r
+                else f"{'-':>7} {'-':>7} {'-':>9} {'-':>8}")
         lines.append(
             f"{r['layout']:>8} {r['batch']:>5} {r['commits_per_second']:>9,} "
             f"{r['records_per_second']:>9,} {r['commit_p50_ms']:>7.2f} {r['commit_p99_ms']:>7.2f} "
@@ -400,6 +405,8 @@ def summarize(rows: list[dict[str, Any]], sizes: list[int], load_batch: int) -> 
             / med("batches", "db_in_use_after_compact_defrag", b), 2)
     out["load_keys_over_batches"] = round(
         med("keys", "load_seconds", load_batch) / med("batches", "load_seconds", load_batch), 2)
+    out["load_read_keys_over_batches"] = round(
+        med("keys", "load_read_seconds", load_batch) / med("batches", "load_read_seconds", load_batch), 2)
     out["replayed_keys_over_batches"] = round(
         med("keys", "load_records_replayed", load_batch)
         / med("batches", "load_records_replayed", load_batch), 2)
@@ -455,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({args.partitions} partitions written concurrently, {args.records} records per row in "
           f"commits of 'batch' records, {args.groups} groups of {args.members} members per partition; "
           f"'in use': etcd's dbSizeInUse after the writes, 'compacted': after compacting to the last "
-          f"revision and defragmenting; load: a partition of {args.load_groups} groups, median of 3; "
+          f"revision and defragmenting; load: a partition of {args.load_groups} groups, median of "
+          f"{LOAD_REPEAT}, 'read s' its etcd reads and decoding; "
           f"etcd {result['etcd']}, default server flags; median of {args.repeat})")
     print(f"(rows written to {args.output})")
     snaps = [r["load_state_snapshot_seconds"] for r in rows
