@@ -562,3 +562,36 @@ def test_describe_answers_are_bounded_by_request_max_response_bytes(pool: Daemon
         assert codes[0] == 0 and codes[-1] == E.INVALID_REQUEST and len(codes) == 2000
         assert codes == sorted(codes)  # described ones first, then the refused
     assert_healthy(d)
+
+
+@pytest.mark.parametrize(("key", "version"), [(10, 4), (10, 6), (15, 0), (15, 4), (15, 5),
+                                              (3, 0), (3, 8), (3, 12)])
+def test_spliced_refusals_are_the_bytes_of_the_built_response(key: int, version: int) -> None:
+    """The refusal encoded around a sentinel key (kafka_apis.refuse_items_async) is byte for
+    byte the response built and encoded entity by entity, non-flexible versions and long keys
+    (two-byte varints) and more keys than one chunk included."""
+    from coordinator.server import kafka_apis as k
+
+    cls = APIS[key].response_class(version)
+    keys: list[str | None] = ["a", "", "x" * 200, "é", "k" * 40]
+    keys = keys * (k.REFUSE_CHUNK // 5 + 3)
+    if key == 3 and version >= 12:
+        keys.append(None)
+    field, name = {10: ("coordinators", "key"), 15: ("groups", "group_id"), 3: ("topics", "name")}[key]
+    entry = {10: {"node_id": -1, "host": "", "port": -1, "error_code": 42, "error_message": None},
+             15: {"error_code": 42, "group_state": "", "protocol_type": "", "protocol_data": "",
+                  "members": [], "authorized_operations": -2147483648},
+             3: {"error_code": 42, "is_internal": False, "partitions": []}}[key]
+    top = {"throttle_time": 0, "brokers": [], "cluster_id": "c", "controller_id": -1,
+           "cluster_authorized_operations": -2147483648}
+
+    def make(key_value: str | None, extra: dict[str, Any] | None = None) -> Any:
+        return k.build(cls, {**top, field: [{**entry, name: key_value, **(extra or {})}]})
+    first = (lambda kv: make(kv, {"error_message": "m"})) if key == 10 else None
+    spliced = asyncio.run(k.refuse_items_async(make, field, keys, 42, first))
+    built = k.build(cls, {**top, field: [
+        {**entry, name: kv, **({"error_message": "m"} if key == 10 and i == 0 else {})}
+        for i, kv in enumerate(keys)]})
+    assert spliced.body == codec.encode(built)
+    entries = [codec.encode(e) for e in getattr(built, field)]
+    assert k.assemble(make, field, entries).body == codec.encode(built)

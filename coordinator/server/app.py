@@ -137,7 +137,7 @@ class Router:
             cls = APIS[api_key].response_class(version)
             refused = kafka_apis.too_many_items(cls, req, s.max_request_items)
             if refused is not None:
-                return refused
+                return self._gather(refused)
         if api_key == ApiKey.METADATA:
             return kafka_apis.metadata(APIS[api_key].response_class(version), req, *s.advertised)
         if api_key == ApiKey.FIND_COORDINATOR:
@@ -149,7 +149,7 @@ class Router:
             return self._describe_groups(APIS[api_key].response_class(version), req)
         if api_key == ApiKey.CONNECT_GROUP_DESCRIBE:
             if len(req.group_ids) > s.max_request_items:
-                return self._too_many_describe(req.group_ids, s.max_request_items)
+                return self._gather(self._too_many_describe(req.group_ids, s.max_request_items))
             return self._connect_describe(req)
         shard = self.shard_of(req.group_id)
         error = self._error(api_key)
@@ -167,7 +167,7 @@ class Router:
             return error(exc.code, exc.message)
 
     @staticmethod
-    def _too_many_describe(group_ids: Any, limit: int) -> kafka_apis.Encoded:
+    def _too_many_describe(group_ids: Any, limit: int) -> Any:
         message = f"{len(group_ids)} group ids in one request, more than request.max.items={limit}"
 
         def make(group_id: str, message: str | None = None) -> Any:
@@ -175,8 +175,8 @@ class Router:
                 error_code=ErrorCode.INVALID_REQUEST, error_message=message, group_id=group_id,
                 group_state="Dead", group_epoch=-1, assignment_epoch=-1, assignor_name=None,
                 assigning_member_id=None),))
-        return kafka_apis.refuse_items(make, "groups", group_ids, ErrorCode.INVALID_REQUEST,
-                                       lambda g: make(g, message))
+        return kafka_apis.refuse_items_async(make, "groups", group_ids, ErrorCode.INVALID_REQUEST,
+                                             lambda g: make(g, message))
 
     def _gather(self, coroutine: Any) -> asyncio.Future[Any]:
         return asyncio.ensure_future(coroutine)
