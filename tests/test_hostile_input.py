@@ -595,3 +595,22 @@ def test_spliced_refusals_are_the_bytes_of_the_built_response(key: int, version:
     assert spliced.body == codec.encode(built)
     entries = [codec.encode(e) for e in getattr(built, field)]
     assert k.assemble(make, field, entries).body == codec.encode(built)
+
+
+def test_bytes_of_requests_answered_after_their_connection_is_gone_are_given_back_once(
+        pool: DaemonPool) -> None:
+    """A client that sends requests and resets the connection before their answers: the
+    budget gets their bytes back once (it went negative, counting them twice)."""
+    from connect_wire.messages import ConnectGroupDescribeRequest
+
+    d = pool.start()
+    describe = codec.encode(ConnectGroupDescribeRequest(group_ids=tuple(f"g{i}" for i in range(50))))
+    for _ in range(20):
+        s = raw(d)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        s.sendall(b"".join(encode_request_frame(ApiKey.CONNECT_GROUP_DESCRIBE, 0, corr, "rst", describe)
+                           for corr in range(1, 20)))
+        s.close()
+    wait_until(lambda: metric(d, "connect_coordinator_connections") == 0, 30, "connections to go")
+    assert settled(lambda: metric(d, "connect_coordinator_queued_request_bytes"), "held bytes") == 0
+    assert_healthy(d)

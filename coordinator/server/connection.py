@@ -137,6 +137,9 @@ class Connection(asyncio.Protocol):
         server.held_bytes -= self._partial + self._queued + self._inflight
         self._partial = self._queued = self._inflight = 0
         self._backlog.clear()
+        # Answers still to come have nowhere to go; their bytes were given back just above
+        # (a later _flush or _forget must not give them back twice).
+        self.pending.clear()
         server.unregister(self)
         if server.over_budget:
             server.check_budget()
@@ -366,7 +369,10 @@ class Connection(asyncio.Protocol):
         return slot
 
     def _forget(self, slot: _Slot) -> None:
-        self.pending.remove(slot)
+        try:
+            self.pending.remove(slot)
+        except ValueError:  # the connection was lost meanwhile (connection_lost cleared it)
+            return
         self._inflight -= slot.size
         self.server.held_bytes -= slot.size
 
