@@ -614,3 +614,36 @@ def test_bytes_of_requests_answered_after_their_connection_is_gone_are_given_bac
     wait_until(lambda: metric(d, "connect_coordinator_connections") == 0, 30, "connections to go")
     assert settled(lambda: metric(d, "connect_coordinator_queued_request_bytes"), "held bytes") == 0
     assert_healthy(d)
+
+
+def test_request_bytes_in_flight_on_one_connection_are_bounded(pool: DaemonPool) -> None:
+    """socket.max.inflight.bytes: a client that never reads gets no more requests run than fit
+    in it (here below socket.max.inflight.requests), the others after the ones answered."""
+    from connect_wire.messages import ConnectGroupAlterConnectorsRequest, ConnectGroupDescribeRequest
+    from connect_wire.messages import connect_group_alter_connectors_request_v0 as alter
+
+    limit = 1000
+    d = pool.start(extra_env={"CONNECT_COORDINATOR_SOCKET_MAX_INFLIGHT_BYTES": str(limit)})
+    with AdminClient(d.host, d.port) as c:
+        for i in range(10):  # a ~200 KB answer: the write buffer fills at once
+            assert c.call(ConnectGroupAlterConnectorsRequest(
+                group_id="big", upserts=(alter.ConnectorSpec(
+                    name=f"c{i}", task_count=1,
+                    config=(alter.ConfigEntry(name="blob", value="x" * 20_000),)),),
+                deletes=(), validate_only=False)).error_code == 0
+    describe = codec.encode(ConnectGroupDescribeRequest(group_ids=("big",)))
+    frames = [encode_request_frame(ApiKey.CONNECT_GROUP_DESCRIBE, 0, corr, "greedy", describe)
+              for corr in range(1, 301)]
+    size = len(frames[0]) - 4
+    with raw(d) as s:
+        s.sendall(b"".join(frames))
+
+        def answered() -> int:
+            return int(metric(d, "connect_coordinator_requests_total", api="ConnectGroupDescribe",
+                              error="NONE") or 0)
+        runs = -(-limit // size)  # requests run before their bytes reach the limit
+        wait_until(lambda: answered() >= runs, 30, "the first answers")
+        assert settled(answered, "answers") == runs
+        s.settimeout(60)
+        assert [struct.unpack_from(">i", read_frame(s))[0] for _ in range(300)] == list(range(1, 301))
+    assert_healthy(d)
