@@ -72,3 +72,30 @@ def test_worker_deadlines_per_stop_and_lease_backstop() -> None:
     # A tiny rebalance timeout still gives stops 100 ms (the coordinator's floor too).
     tiny = Worker(WorkerConfig(bootstrap=[("h", 1)], group_id="g", rebalance_timeout_ms=50))
     assert tiny.stop_budget_ms == 100
+
+
+def test_the_fail_stop_action_runs_even_when_the_log_line_cannot_be_written(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Found by review: a log call that raised (a closed stderr) or blocked (a full pipe) came
+    before the exit, so the process never ended while its plugin ran on."""
+    import worker_client.worker as worker_mod
+
+    def broken(*a: object, **k: object) -> None:
+        raise BrokenPipeError("stderr is gone")
+    monkeypatch.setattr(worker_mod.log, "critical", broken)
+    fired: list[str] = []
+    w = Worker(WorkerConfig(bootstrap=[("127.0.0.1", 1)], group_id="g", fail_stop=fired.append))
+    w._fail_stop("the instance c/0 did not stop")
+    w._fail_stop("again")  # once only
+    assert fired == ["the instance c/0 did not stop"] and w.failed_stop == fired[0]
+
+
+def test_long_polls_stay_within_a_third_of_the_session() -> None:
+    """Found by review: with the coordinator's interval at half its session, two parked polls
+    back to back outlasted the lease (counted from the send time of the last answered one) and
+    a healthy worker fenced itself, then fail-stopped."""
+    from worker_client.membership import AssignorAd, Membership
+    m = Membership(group_id="g", assignors=[AssignorAd("eager", 0, 0)], session_timeout_ms=2000, long_poll=True)
+    m.member_id, m.heartbeat_interval_ms, m.resend_all = "m1", 1000, False
+    assert m.heartbeat_request(0).max_wait_ms == 666
+    m.heartbeat_interval_ms = 200
+    assert m.heartbeat_request(0).max_wait_ms == 200

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 
@@ -43,7 +44,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--bootstrap", type=_hostport, action="append", required=True, metavar="HOST:PORT",
                    help="a coordinator address (repeatable)")
     r.add_argument("--group", required=True, help="the worker group (cluster) to join")
-    r.add_argument("--member-id", default="", help="member id to use (default: the coordinator picks)")
+    r.add_argument("--member-id", default="", help="member id to use (default: the coordinator "
+                   "picks). Never give two processes the same one: the coordinator takes them for "
+                   "one member and both run its work; use --instance-id for a stable identity")
     r.add_argument("--instance-id", help="static membership id: a restart within the session "
                    "timeout gets the same work back")
     r.add_argument("--worker-url", help="this worker's URL, shown in describe")
@@ -59,7 +62,10 @@ def parser() -> argparse.ArgumentParser:
                    "has not stopped within the budget ends this process (exit status 3)")
     r.add_argument("--session-timeout-ms", type=int, default=10_000,
                    help="the coordinator's session timeout: without a heartbeat this long the worker "
-                   "stops its work itself (default 10000)")
+                   "stops its work itself (default 10000, the coordinator's default). It must not "
+                   "exceed the coordinator's group.connect.session.timeout.ms: the protocol does not "
+                   "tell the worker that value, and a longer lease lets work run on after the "
+                   "coordinator has handed it on")
     r.add_argument("--no-long-poll", action="store_true", help="plain heartbeats (no MaxWaitMs)")
     r.add_argument("--leave", action="store_true", help="on stop, always leave with -1")
     r.add_argument("--metrics-listen", type=_hostport, metavar="HOST:PORT",
@@ -72,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
 async def _run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
-    from worker_client.worker import Worker, WorkerConfig, WorkerFailed
+    from worker_client.failstop import FAIL_STOP_EXIT
+    from worker_client.worker import Worker, WorkerConfig, WorkerFailed, WorkerFailStopped
 
     config = WorkerConfig(
         bootstrap=args.bootstrap, group_id=args.group, member_id=args.member_id,
@@ -100,6 +107,9 @@ async def _run(args: argparse.Namespace) -> int:
         stopper.cancel()
         try:
             runner.result()
+        except WorkerFailStopped as exc:  # (the fail-stop action ends the process first)
+            print(f"connect-worker: {exc}", file=sys.stderr)
+            os._exit(FAIL_STOP_EXIT)
         except WorkerFailed as exc:
             print(f"connect-worker: {exc}", file=sys.stderr)
             return 1

@@ -208,7 +208,11 @@ class Membership:
             owned_tasks = tuple(_hb.TaskId(connector=t.connector, task=t.task) for t in tasks)
         assignors = tuple(self.assignors)
         if max_wait_ms is None:
-            max_wait_ms = self.heartbeat_interval_ms if self.long_poll else 0
+            # At most a third of the session: the lease runs from the send time of the last
+            # answered heartbeat, so two long polls back to back must end well within it (a
+            # coordinator whose interval is half its session made the worker fence itself).
+            max_wait_ms = min(self.heartbeat_interval_ms, self.session_timeout_ms // 3) \
+                if self.long_poll else 0
         wait = max_wait_ms
         req = ConnectGroupHeartbeatRequest(
             group_id=self.group_id,

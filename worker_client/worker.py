@@ -64,7 +64,7 @@ from worker_client.assignors import (
     install_request,
 )
 from worker_client.client import ConnectionFailed, CoordinatorClient
-from worker_client.failstop import FailStopGuard, exit_process
+from worker_client.failstop import FAIL_STOP_EXIT, FailStopGuard, exit_process
 from worker_client.membership import (
     Assign,
     AssignorAd,
@@ -82,7 +82,9 @@ log = logs.get("worker")
 
 
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    """The worker's clock for its lease, deadlines and timers: monotonic (a lease is a local
+    duration; a wall-clock step must not stretch it)."""
+    return time.monotonic_ns() // 1_000_000
 
 
 class WorkerFailed(Exception):
@@ -193,6 +195,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._inflight: asyncio.Task[Any] | None = None
+        self._lost_gen = 0  # bumped by the watchdog: an answer to an older request is stale
         self._compute: asyncio.Task[None] | None = None
         self._acting: asyncio.Task[None] | None = None
         self._draining = False
@@ -281,6 +284,7 @@ class Worker:
                         await asyncio.wait_for(self._wake.wait(), min(wait, 1.0))
                     continue
                 req = m.heartbeat_request(now, keepalive=busy)
+                gen = self._lost_gen
                 self._inflight = asyncio.create_task(
                     self.client.send(req, "heartbeat", extra_timeout_s=req.max_wait_ms / 1000))
                 try:
@@ -298,6 +302,11 @@ class Worker:
                     continue
                 finally:
                     self._inflight = None
+                if gen != self._lost_gen:
+                    # The watchdog fenced us while this answer was on its way (its task done, so
+                    # the cancel missed it): it predates the Lost and must not undo it.
+                    m.on_failure(now_ms(), int(self.client.backoff_s() * 1000))
+                    continue
                 if resp.error_code:
                     log.info("heartbeat error", error=error_name(resp.error_code),
                              message=resp.error_message, epoch=req.member_epoch)
@@ -348,6 +357,7 @@ class Worker:
             if lost is not None:
                 log.warning("no heartbeat within the session timeout: stopping all work",
                             items=len(lost.items))
+                self._lost_gen += 1
                 if self._inflight is not None:
                     self._inflight.cancel()
                 await self._act(lost)
@@ -387,7 +397,7 @@ class Worker:
                     started = await self._start_items(items)
                     await _call(self.listener.on_assigned, started)
                     m.assigned_started(started, now_ms())
-                    log.info("assigned", items=_names(items), epoch=m.member_epoch)
+                    log.info("assigned", items=_names(started), epoch=m.member_epoch)
             elif isinstance(action, Lost):
                 self.metrics.lost.inc()
                 self._pending.clear()  # stale: the rejoin brings a fresh assignment
@@ -430,6 +440,7 @@ class Worker:
         """Start what can be started; the rest is retried by supervisors. Returns the items the
         worker now holds (all of them: a failed start is restarted, never dropped)."""
         configs: dict[str, dict[str, str | None]] = {}
+        gen = self._lost_gen
         for attempt in range(3):
             try:
                 configs = await self._configs()
@@ -437,6 +448,14 @@ class Worker:
             except ConnectionFailed as exc:
                 log.warning("cannot fetch connector configs", error=str(exc), attempt=attempt)
                 await asyncio.sleep(self.client.backoff_s())
+        m = self.membership
+        if gen != self._lost_gen or m.lease_expired(now_ms()):
+            # The configs came back after the session lease ended (found by review: a fetch
+            # answered late started work the coordinator had given away): start nothing.
+            log.warning("not starting an assignment: the session lease ended while its "
+                        "configs were fetched", items=_names(items), epoch=m.member_epoch)
+            return frozenset()
+        items = items & m.assigned
         await asyncio.gather(*(self._start(item, configs.get(item.connector)) for item in sorted(items)))
         return items
 
@@ -445,6 +464,7 @@ class Worker:
             return
         inst = _Instance(item, None, {})
         self.instances[item] = inst
+        self._guard.poke()  # the lease backstop now watches this instance too
         inst.supervisor = asyncio.create_task(self._supervise(inst, config))
 
     async def _supervise(self, inst: _Instance, base: dict[str, str | None] | None) -> None:
@@ -459,6 +479,10 @@ class Worker:
                 config = {**base, "connector.name": inst.item.connector, "worker.id": self.worker_id}
                 if not inst.item.is_connector:
                     config["task.id"] = str(inst.item.task)
+                if self.membership.lease_expired(now_ms()):
+                    # (a restart whose config fetch outlived the lease: the watchdog stops it)
+                    await asyncio.sleep(0.05)
+                    continue
                 cls = connector_class(config) if inst.item.is_connector else task_class(config)
                 inst.plugin = cls()
                 inst.config = config
@@ -526,7 +550,13 @@ class Worker:
             elif (task := self._stopping.get(i)) is not None:
                 others.append(task)
         if own:
-            await asyncio.gather(*own)
+            # Not gather: cancelling this wait (run() ending while its watchdog stops work) must
+            # not cancel the stops, or their deadlines would vanish from the fail-stop guard.
+            await asyncio.wait(own)
+            errors = [exc for task in own if not task.cancelled()
+                      and (exc := task.exception()) is not None]  # (each one retrieved)
+            if errors:
+                raise errors[0]
         if others:
             await asyncio.wait(others)  # (cancelling this wait does not cancel their stops)
 
@@ -611,10 +641,23 @@ class Worker:
             if self._failed_stop is not None:
                 return
             self._failed_stop = reason
-        log.critical("fail-stop: ending the process so that no work can run on two workers",
-                     reason=reason, member_id=self.membership.member_id,
-                     epoch=self.membership.member_epoch, exit_status=3)
-        (self.config.fail_stop or exit_process)(reason)
+        action = self.config.fail_stop
+        if action is None:
+            # The exit must not depend on the log: a full pipe on stderr, a dead log reader or a
+            # logging lock held by a blocked loop would hold it up (found by review). A timer
+            # ends the process if the line below does not get out at once.
+            action = exit_process
+            timer = threading.Timer(max(0.005, self.fail_stop_margin_ms / 2000), os._exit,
+                                    (FAIL_STOP_EXIT,))  # (no flush: that may be what blocks)
+            timer.daemon = True
+            timer.start()
+        try:
+            log.critical("fail-stop: ending the process so that no work can run on two workers",
+                         reason=reason, member_id=self.membership.member_id,
+                         epoch=self.membership.member_epoch, exit_status=3)
+        except BaseException:  # noqa: BLE001 - the action below must run whatever the log does
+            pass
+        action(reason)
         # Only reached when a configured action returned: behave like a process that died
         # (no more heartbeats, no leave, nothing reported).
         loop = self._loop
