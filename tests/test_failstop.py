@@ -94,7 +94,8 @@ def test_long_polls_stay_within_a_third_of_the_session() -> None:
     back to back outlasted the lease (counted from the send time of the last answered one) and
     a healthy worker fenced itself, then fail-stopped."""
     from worker_client.membership import AssignorAd, Membership
-    m = Membership(group_id="g", assignors=[AssignorAd("eager", 0, 0)], session_timeout_ms=2000, long_poll=True)
+    m = Membership(group_id="g", assignors=[AssignorAd("eager", 0, 0)], session_timeout_ms=2000,
+                   long_poll=True)
     m.member_id, m.heartbeat_interval_ms, m.resend_all = "m1", 1000, False
     assert m.heartbeat_request(0).max_wait_ms == 666
     m.heartbeat_interval_ms = 200
