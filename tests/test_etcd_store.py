@@ -177,8 +177,9 @@ async def test_second_owner_refused_while_the_lease_lives(client: Etcd3Client, p
 async def test_lease_expiry_lets_another_take_over_and_fences_the_old_owner(
     client: Etcd3Client, prefix: str
 ) -> None:
-    # A's lease is never renewed (as for a frozen or partitioned node): it expires after 1 s.
-    a = await NodeLease.grant(client, 1, keep_alive=False)
+    # A's lease is never renewed (as for a frozen or partitioned node): it expires after 2 s
+    # (long enough for the acquire and the first commit even on a loaded machine).
+    a = await NodeLease.grant(client, 2, keep_alive=False)
     b = await NodeLease.grant(client, 30)
     try:
         old = await EtcdPartitionStore.acquire(client, prefix, 0, "node-a", a)
@@ -216,7 +217,9 @@ async def test_lease_expiry_lets_another_take_over_and_fences_the_old_owner(
 
 
 async def test_node_lease_keep_alive_outlives_its_ttl(client: Etcd3Client, prefix: str) -> None:
-    lease = await NodeLease.grant(client, 1)
+    # TTL 3 s, renewed every second: a renewal would have to stall 2 s for the lease to lapse
+    # (a 1 s lease did lapse once on this loaded 2-core machine).
+    lease = await NodeLease.grant(client, 3)
     try:
         store = await EtcdPartitionStore.acquire(client, prefix, 0, "node-a", lease)
 
@@ -460,6 +463,32 @@ async def test_a_commit_whose_outcome_is_unknown_demands_a_reload(tmp_path: Path
             store.append([kv(3, b"three")])
             await store.commit()
             assert dict(await store.load())[b"key-0003"] == b"three"
+            await lease.close()
+    finally:
+        server.stop()
+
+
+async def test_a_node_whose_renewals_fail_knows_its_lease_may_be_gone(tmp_path: Path) -> None:
+    """etcd frozen (SIGSTOP) under a kept-alive 2 s lease: no renewal can succeed, so once the
+    last granted TTL has run out (counted from when that renewal was sent) the lease is marked
+    lost -- the point at which a node must already have stopped answering for its partitions."""
+    server = start_etcd(tmp_path / "etcd")
+    try:
+        async with Etcd3Client([server.endpoint]) as c:
+            lease = await NodeLease.grant(c, 2, request_timeout_s=0.5)
+
+            async def renewed() -> bool:
+                return lease.renewals >= 1
+            await wait_for(renewed, "a first renewal")
+            assert not lease.lost.is_set()
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                async def lost() -> bool:
+                    return lease.lost.is_set()
+                await wait_for(lost, "the lease to be given up")
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            assert lease.remaining() == 0.0
             await lease.close()
     finally:
         server.stop()

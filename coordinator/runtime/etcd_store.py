@@ -325,12 +325,17 @@ class NodeLease:
 
     async def _keep_alive(self) -> None:
         interval = max(0.1, self.ttl_s / 3)
+        retry = min(interval, 0.25)  # after a failed renewal: try again soon, not a third TTL on
+        delay = interval
         while not self.lost.is_set():
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            delay = interval
             try:
-                await self.renew()
+                if not await self.renew():
+                    delay = retry
             except Exception as exc:  # keep trying while the lease may still be valid
                 log.warning("etcd lease %x keep-alive failed: %r", self.id, exc)
+                delay = retry
             if not self.lost.is_set() and self.remaining() <= 0:
                 self._mark_lost("no renewal within its TTL")
 
@@ -353,7 +358,10 @@ class NodeLease:
 
 
 class EtcdPartitionStore:
-    """One partition's records in etcd, owned by this node. Build it with :meth:`acquire`."""
+    """One partition's records in etcd, owned by this node. Build it with :meth:`acquire`.
+
+    One writer at a time (the shard's consumer task): append() and commit() are not meant to
+    be called from concurrent tasks, as ``PartitionLog.append``/``sync`` are not."""
 
     def __init__(
         self,
