@@ -616,7 +616,7 @@ def test_connection_order_half_close_and_close_after_bad_frame(pool: DaemonPool)
 
     # Pipelining: 3000 requests on one connection, answered in request order although describes
     # (served by the shards of several groups) and ApiVersions (answered at once) interleave and
-    # the daemon pauses reading past 1024 pending requests.
+    # the daemon pauses reading past socket.max.inflight.requests (128) in flight.
     n = 3000
     with raw(d) as s:
         got: list[int] = []
