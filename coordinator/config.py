@@ -314,6 +314,11 @@ def load(
                 raise ConfigError(f"{setting.name}={values[setting.name]!r}: {problem}")
     config = ServerConfig(values)
     config.group_config()  # cross-checks (bounds, heartbeat < session); raises ConfigError
+    if values["queued.max.request.bytes"] < values["socket.max.frame.bytes"] + 4:
+        # One frame of the largest size would stop its own connection's reads for good.
+        raise ConfigError(
+            f"queued.max.request.bytes={values['queued.max.request.bytes']} must hold at least "
+            f"one frame of socket.max.frame.bytes={values['socket.max.frame.bytes']} (+4)")
     return config
 
 

@@ -647,3 +647,11 @@ def test_request_bytes_in_flight_on_one_connection_are_bounded(pool: DaemonPool)
         s.settimeout(60)
         assert [struct.unpack_from(">i", read_frame(s))[0] for _ in range(300)] == list(range(1, 301))
     assert_healthy(d)
+
+
+def test_the_budget_must_hold_one_largest_frame() -> None:
+    from coordinator.group.config import ConfigError
+
+    with pytest.raises(ConfigError, match="must hold at least one frame"):
+        config.load(None, {"queued.max.request.bytes": 1024 * 1024}, environ={})
+    assert config.load(None, {"queued.max.request.bytes": 1024 * 1024 + 4}, environ={})
