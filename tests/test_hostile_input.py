@@ -655,3 +655,22 @@ def test_the_budget_must_hold_one_largest_frame() -> None:
     with pytest.raises(ConfigError, match="must hold at least one frame"):
         config.load(None, {"queued.max.request.bytes": 1024 * 1024}, environ={})
     assert config.load(None, {"queued.max.request.bytes": 1024 * 1024 + 4}, environ={})
+
+
+@pytest.mark.parametrize("version", [4, 5, 6])
+@pytest.mark.parametrize("key_type", [0, 1])
+def test_many_keys_findcoordinator_answer_is_spliced_to_the_same_bytes(
+        version: int, key_type: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FindCoordinator v4+ with more than SPLICE_MIN keys is answered by splicing (a chunk per
+    event-loop turn): the same bytes as the built answer, empty keys (INVALID_GROUP_ID) and
+    other key types (INVALID_REQUEST) included."""
+    from coordinator.server import kafka_apis as k
+
+    cls = APIS[ApiKey.FIND_COORDINATOR].response_class(version)
+    keys = ("a", "", "x" * 200, "é") * (k.REFUSE_CHUNK // 4 + 2)
+    req = APIS[ApiKey.FIND_COORDINATOR].request_class(version)(key_type=key_type, coordinator_keys=keys)
+    spliced = k.find_coordinator(cls, req, version, "h", 9092)
+    assert asyncio.iscoroutine(spliced)
+    body = asyncio.run(spliced).body
+    monkeypatch.setattr(k, "SPLICE_MIN", len(keys))  # the entity-by-entity path
+    assert body == codec.encode(k.find_coordinator(cls, req, version, "h", 9092))

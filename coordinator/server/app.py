@@ -141,8 +141,9 @@ class Router:
         if api_key == ApiKey.METADATA:
             return kafka_apis.metadata(APIS[api_key].response_class(version), req, *s.advertised)
         if api_key == ApiKey.FIND_COORDINATOR:
-            return kafka_apis.find_coordinator(APIS[api_key].response_class(version), req, version,
-                                               *s.advertised)
+            found = kafka_apis.find_coordinator(APIS[api_key].response_class(version), req,
+                                                version, *s.advertised)
+            return self._gather(found) if asyncio.iscoroutine(found) else found
         if api_key == ApiKey.LIST_GROUPS:
             return self._list_groups(APIS[api_key].response_class(version), req)
         if api_key == ApiKey.DESCRIBE_GROUPS:
