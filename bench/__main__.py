@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             status = max(status, run(each, rest))
         return status
     if name not in available:
-        print(f"bench: unknown benchmark {name!r}; choose one of: "
+        print(f"bench: unknown benchmark {argv[0]!r}; choose one of: "
               f"{', '.join(['all', 'list', *available])}", file=sys.stderr)
         return 2
     return run(name, rest)
