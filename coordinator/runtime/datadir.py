@@ -44,6 +44,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 __all__ = [
@@ -90,6 +91,28 @@ class DataDirLock:
             os.close(fd)
 
 
+def _holder(fd: int, tries: int = 20) -> str:
+    """The pid of the live process holding the lock, read from the lock file; "" if it does not
+    show within ~1 s. The holder writes its pid right after locking: until then the file may
+    be empty or still hold a dead predecessor's pid, which is not named."""
+    for attempt in range(tries):
+        try:
+            text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        except OSError:
+            return ""
+        if text.isdigit():
+            try:
+                os.kill(int(text), 0)
+                return text
+            except ProcessLookupError:
+                pass
+            except OSError:
+                return text  # alive, another user's
+        if attempt + 1 < tries:
+            time.sleep(0.05)
+    return ""
+
+
 def lock_data_dir(data_dir: Path) -> DataDirLock:
     """Lock ``data_dir`` (which must exist) for this process, or raise :class:`DataDirLocked`."""
     path = data_dir / LOCK_FILE
@@ -101,18 +124,18 @@ def lock_data_dir(data_dir: Path) -> DataDirLock:
             os.close(fd)
             raise
         try:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-        except OSError:
-            holder = ""
+            holder = _holder(fd)
         finally:
             os.close(fd)
-        who = f"pid {holder}" if holder.isdigit() else "a process that has not written its pid yet"
+        who = f"pid {holder}" if holder else "a process that has not written its pid yet"
         raise DataDirLocked(
             f"data dir {data_dir} is in use by another connect-coordinator ({who}; lock file "
             f"{path}): one daemon per data dir") from None
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # Write first, then cut: the file never reads empty while we hold it.
+        data = f"{os.getpid()}\n".encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
     except OSError:
         os.close(fd)
         raise
