@@ -1,6 +1,7 @@
 """``connect-worker run``: a worker process that joins a group and runs its connectors and tasks.
 
     connect-worker run --bootstrap 127.0.0.1:9092 --group my-cluster
+    connect-worker run --bootstrap node1:9092,node2:9092,node3:9092 --group my-cluster
 
 SIGTERM or SIGINT stop the work and leave the group (-1; with --instance-id, -2: a planned
 restart keeps the work held for this instance until its session expires; --leave forces -1).
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 
+from connect_wire.addresses import Address, parse_bootstrap
 from worker_client import logs
 
 
@@ -27,6 +29,13 @@ def _hostport(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def _bootstrap(text: str) -> list[Address]:
+    try:
+        return parse_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -41,8 +50,11 @@ def parser() -> argparse.ArgumentParser:
                        epilog="Exit status: 0 stopped cleanly, 1 refused by the coordinator, 2 usage "
                        "or configuration error, 3 fail-stop (a plugin did not stop within its stop "
                        "budget; restart the worker).")
-    r.add_argument("--bootstrap", type=_hostport, action="append", required=True, metavar="HOST:PORT",
-                   help="a coordinator address (repeatable)")
+    r.add_argument("--bootstrap", type=_bootstrap, action="append", required=True,
+                   metavar="HOST:PORT[,HOST:PORT...]",
+                   help="coordinator nodes, comma-separated and/or repeated: any that answers "
+                   "tells the worker which node coordinates its group, and the worker finds it "
+                   "again when it moves")
     r.add_argument("--group", required=True, help="the worker group (cluster) to join")
     r.add_argument("--member-id", default="", help="member id to use (default: the coordinator "
                    "picks). Never give two processes the same one: the coordinator takes them for "
@@ -82,7 +94,8 @@ async def _run(args: argparse.Namespace) -> int:
     from worker_client.worker import Worker, WorkerConfig, WorkerFailed, WorkerFailStopped
 
     config = WorkerConfig(
-        bootstrap=args.bootstrap, group_id=args.group, member_id=args.member_id,
+        bootstrap=list(dict.fromkeys(a for group in args.bootstrap for a in group)),
+        group_id=args.group, member_id=args.member_id,
         instance_id=args.instance_id, worker_url=args.worker_url,
         rebalance_timeout_ms=args.rebalance_timeout_ms, session_timeout_ms=args.session_timeout_ms,
         long_poll=not args.no_long_poll, max_delay_ms=args.max_delay_ms,

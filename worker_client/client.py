@@ -29,6 +29,17 @@ from connect_wire.framing import FrameDecoder, FramingError, encode_request_fram
 RETRY_COORDINATOR = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
 
 
+def coordinator_error(resp: Any) -> int:
+    """The response's error code, or for a one-group answer without one (Describe) that
+    group's. (Describe's NOT_COORDINATOR sits on the group: it used to leave the client on the
+    old node.)"""
+    code = getattr(resp, "error_code", None)
+    if code is None:
+        groups = getattr(resp, "groups", None) or ()
+        code = groups[0].error_code if len(groups) == 1 else 0
+    return int(code or 0)
+
+
 class ConnectionFailed(Exception):
     """The coordinator could not be reached, or the connection broke or timed out."""
 
@@ -115,8 +126,14 @@ class KrpcConnection:
 class CoordinatorClient:
     def __init__(
         self, bootstrap: Sequence[tuple[str, int]], group_id: str, client_id: str = "connect-worker",
-        request_timeout_ms: int = 30_000, backoff_ms: int = 100, max_backoff_ms: int = 5_000,
+        request_timeout_ms: int = 30_000, backoff_ms: int = 100, max_backoff_ms: int = 1_000,
+        connect_timeout_ms: int = 2_000,
     ) -> None:
+        # max_backoff_ms: was 5,000; a 3 s coordinator restart got a retry scheduled 4.1 s out
+        # and the worker's session ran out first (issue 12). 1 s (Kafka's
+        # reconnect.backoff.max.ms) keeps retries well inside the heartbeat interval.
+        # connect_timeout_ms: a bootstrap address that drops packets cost a whole request
+        # timeout (30 s) before the next address was tried; now a TCP connect gets 2 s.
         if not bootstrap:
             raise ValueError("at least one bootstrap address is needed")
         self.bootstrap = list(bootstrap)
@@ -125,6 +142,7 @@ class CoordinatorClient:
         self.request_timeout_s = request_timeout_ms / 1000
         self.backoff_ms = backoff_ms
         self.max_backoff_ms = max_backoff_ms
+        self.connect_timeout_s = min(connect_timeout_ms, request_timeout_ms) / 1000
         self.coordinator: tuple[str, int] | None = None
         self._heartbeat: KrpcConnection | None = None
         self._control: KrpcConnection | None = None
@@ -141,7 +159,7 @@ class CoordinatorClient:
         for host, port in random.sample(self.bootstrap, len(self.bootstrap)):
             conn = KrpcConnection(host, port, self.client_id)
             try:
-                await conn.open(self.request_timeout_s)
+                await conn.open(self.connect_timeout_s)
                 resp = await conn.request(
                     FindCoordinatorRequest(key_type=0, coordinator_keys=(self.group_id,)),
                     self.request_timeout_s)
@@ -165,7 +183,7 @@ class CoordinatorClient:
             if self.coordinator is None:
                 self.coordinator = await self._find_coordinator()
             conn = KrpcConnection(*self.coordinator, self.client_id)
-            await conn.open(self.request_timeout_s)
+            await conn.open(self.connect_timeout_s)
             if which == "heartbeat":
                 self._heartbeat = conn
             else:
@@ -183,7 +201,7 @@ class CoordinatorClient:
             self.coordinator = None  # rediscover: it may have moved
             raise
         self._failures = 0
-        if int(getattr(resp, "error_code", 0) or 0) in RETRY_COORDINATOR:
+        if coordinator_error(resp) in RETRY_COORDINATOR:
             self.invalidate()
         return resp
 
