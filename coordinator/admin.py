@@ -1,23 +1,42 @@
 """A small blocking KRPC client for admin commands (the CLI, tests, scripts).
 
-One request at a time over one TCP connection; responses are matched by correlation id.
-Errors in responses are left to the caller (they are values on the wire).
+* :class:`AdminClient` — one request at a time over one TCP connection to one address;
+  responses are matched by correlation id. Errors in responses are left to the caller (they are
+  values on the wire).
+* :class:`AdminSession` — what the CLI uses: a bootstrap list tried in turn, and for a group's
+  requests the group's coordinator found with FindCoordinator (which may be another node than
+  the one asked), with retries on NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE (rediscover) and
+  COORDINATOR_LOAD_IN_PROGRESS (same node) under a bounded backoff, until the session's timeout.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 import socket
 import struct
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from connect_wire import codec
+from connect_wire.addresses import Address, format_addresses
 from connect_wire.apis import APIS
+from connect_wire.errors import ErrorCode, error_name
 from connect_wire.framing import encode_request_frame, parse_response_header
+
+REDISCOVER = {int(ErrorCode.NOT_COORDINATOR), int(ErrorCode.COORDINATOR_NOT_AVAILABLE)}
+"""The group's coordinator is elsewhere or not known yet: FindCoordinator again."""
+RETRY_SAME_NODE = {int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)}
+"""The node is loading the group's partition: ask it again (as Kafka's clients do)."""
 
 
 class AdminError(Exception):
     """The coordinator could not be reached or answered something unreadable."""
+
+
+class CannotConnect(AdminError):
+    """No TCP connection to the address (nothing was sent)."""
 
 
 class AdminClient:
@@ -30,7 +49,7 @@ class AdminClient:
         try:
             self.sock = socket.create_connection(self.address, timeout=timeout_s)
         except OSError as exc:
-            raise AdminError(f"cannot connect to {host}:{port}: {exc}") from None
+            raise CannotConnect(f"cannot connect to {host}:{port}: {exc}") from None
 
     def close(self) -> None:
         self.sock.close()
@@ -75,3 +94,146 @@ class AdminClient:
             return codec.decode(api.response_class(version), body, offset)[0]
         except codec.DecodeError as exc:
             raise AdminError(f"unreadable response: {exc}") from None
+
+
+class OutcomeUnknown(AdminError):
+    """A change was sent and the connection broke before its answer: it may or may not have
+    been applied (it is not resent blindly)."""
+
+
+def _error_of(resp: Any) -> int:
+    """The error that decides a retry: the response's own, else its one group's (Describe)."""
+    code = getattr(resp, "error_code", None)
+    if code is None:
+        groups = getattr(resp, "groups", None) or ()
+        code = groups[0].error_code if len(groups) == 1 else 0
+    return int(code or 0)
+
+
+class AdminSession:
+    """Admin requests against a coordinator cluster reached through a bootstrap list.
+
+    ``timeout_s`` bounds each connect and read, and also how long :meth:`group_call` keeps
+    retrying a group whose coordinator is moving or loading. Connections are cached per address
+    and closed by :meth:`close` (or the context manager).
+    """
+
+    def __init__(self, bootstrap: Sequence[Address], timeout_s: float = 10.0,
+                 client_id: str = "connect-coordinator-cli", backoff_s: float = 0.05,
+                 max_backoff_s: float = 1.0) -> None:
+        if not bootstrap:
+            raise ValueError("at least one bootstrap address is needed")
+        self.bootstrap = list(bootstrap)
+        self.timeout_s = timeout_s
+        self.client_id = client_id
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._clients: dict[Address, AdminClient] = {}
+        self.sleep: Callable[[float], None] = time.sleep
+
+    def __enter__(self) -> AdminSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def _client(self, address: Address) -> AdminClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = AdminClient(*address, timeout_s=self.timeout_s, client_id=self.client_id)
+            self._clients[address] = client
+        return client
+
+    def _drop(self, address: Address) -> None:
+        client = self._clients.pop(address, None)
+        if client is not None:
+            client.close()
+
+    def _call_at(self, address: Address, request: Any) -> Any:
+        try:
+            return self._client(address).call(request)
+        except AdminError:
+            self._drop(address)  # the connection is unusable (its request order is lost)
+            raise
+
+    def any_call(self, request: Any) -> tuple[Address, Any]:
+        """Send ``request`` to the first bootstrap address that answers it, in the order given;
+        an AdminError naming every address (and what each did) if none does."""
+        failures = []
+        for address in self.bootstrap:
+            try:
+                return address, self._call_at(address, request)
+            except AdminError as exc:
+                failures.append(str(exc))
+        raise AdminError(f"no coordinator answered at {format_addresses(self.bootstrap)}: "
+                         + "; ".join(failures))
+
+    def find_coordinator(self, group_id: str) -> Address:
+        """The address of ``group_id``'s coordinator as the cluster tells it (FindCoordinator at
+        the first bootstrap address that answers). Raises AdminError when no address answers,
+        and :class:`CoordinatorError` for an error in the answer."""
+        from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+
+        _, resp = self.any_call(FindCoordinatorRequest(key_type=0, coordinator_keys=(group_id,)))
+        (c,) = resp.coordinators
+        if int(c.error_code):
+            raise CoordinatorError(int(c.error_code), c.error_message)
+        return c.host, int(c.port)
+
+    def group_call(self, group_id: str, request: Any, resend_if_lost: bool = True) -> Any:
+        """Send ``request`` to ``group_id``'s coordinator and return its answer.
+
+        NOT_COORDINATOR and COORDINATOR_NOT_AVAILABLE (in the answer or from FindCoordinator),
+        a coordinator that cannot be reached and a broken connection make it find the
+        coordinator again and resend; COORDINATOR_LOAD_IN_PROGRESS resends to the same node.
+        Retries back off exponentially with jitter from ``backoff_s`` to at most
+        ``max_backoff_s`` and stop after ``timeout_s`` (the last error is raised). With
+        ``resend_if_lost=False`` (a change) a connection broken after sending raises
+        :class:`OutcomeUnknown` instead of resending. Other errors in the answer are returned.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        failures = 0
+        address: Address | None = None
+        while True:
+            try:
+                if address is None:
+                    address = self.find_coordinator(group_id)
+                resp = self._call_at(address, request)
+                code = _error_of(resp)
+                if code not in REDISCOVER and code not in RETRY_SAME_NODE:
+                    return resp
+                last: Exception = CoordinatorError(code, getattr(resp, "error_message", None) or (
+                    resp.groups[0].error_message if getattr(resp, "groups", None) else None))
+                if code in REDISCOVER:
+                    address = None
+            except CoordinatorError as exc:  # from FindCoordinator
+                if exc.code not in REDISCOVER:
+                    raise
+                last, address = exc, None
+            except AdminError as exc:
+                if address is None:  # no bootstrap address answered: nothing to wait for
+                    raise
+                if not resend_if_lost and not isinstance(exc, CannotConnect):
+                    raise OutcomeUnknown(f"group {group_id}: {exc}; the change may or may not "
+                                         "have been applied (check with describe)") from None
+                last, address = exc, None
+            failures += 1
+            pause = random.uniform(self.backoff_s / 2, min(self.max_backoff_s,
+                                                           self.backoff_s * 2 ** min(failures, 16)))
+            if time.monotonic() + pause > deadline:
+                raise AdminError(f"group {group_id}: no answer from its coordinator within "
+                                 f"{self.timeout_s:g}s (last: {last})")
+            self.sleep(pause)
+
+
+class CoordinatorError(AdminError):
+    """An error code in an answer that retrying did not (or cannot) fix."""
+
+    def __init__(self, code: int, message: str | None) -> None:
+        super().__init__(f"{error_name(code)}: {message or 'no message'}")
+        self.code = code

@@ -8,8 +8,10 @@
     connect-coordinator groups list [--json]
     connect-coordinator groups describe G [G ...] [--json]
 
-Admin commands take ``--bootstrap HOST:PORT`` (default 127.0.0.1:9092). An error from the
-coordinator prints its protocol name and message and exits 1; a usage error exits 2.
+Admin commands take ``--bootstrap HOST:PORT[,HOST:PORT...]`` (repeatable; default
+127.0.0.1:9092): the addresses are tried in turn, and a group's requests go to the node
+FindCoordinator names for it. An error from the coordinator prints its protocol name and message
+and exits 1, as does no address answering; a usage error (a bad address included) exits 2.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import json
 import sys
 from typing import Any
 
+from connect_wire.addresses import Address, parse_bootstrap
 from connect_wire.errors import error_name
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
     ConnectGroupDescribeRequest,
 )
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
-from coordinator.admin import AdminClient, AdminError
+from coordinator.admin import AdminError, AdminSession
 from coordinator.group.config import ConfigError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -40,6 +43,13 @@ def _kv(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key, value
+
+
+def _bootstrap(text: str) -> list[Address]:
+    try:
+        return parse_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,9 +81,14 @@ def parser() -> argparse.ArgumentParser:
 
     def admin(parent: Any, name: str, help: str) -> argparse.ArgumentParser:
         a: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
-        a.add_argument("--bootstrap", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP,
-                       help=f"a running coordinator (default {DEFAULT_BOOTSTRAP})")
-        a.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+        a.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT...]", type=_bootstrap,
+                       action="append",
+                       help="coordinator nodes to ask, comma-separated and/or repeated; tried in "
+                       "turn, and a group's requests go to the node that coordinates it "
+                       f"(default {DEFAULT_BOOTSTRAP})")
+        a.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="bound on each connection and answer, and on retrying a group whose "
+                       "coordinator is moving or loading (default 10)")
         return a
 
     conn = sub.add_parser("connectors", help="create, update, delete or list connectors")
@@ -106,14 +121,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _client(args: argparse.Namespace) -> AdminClient:
-    from coordinator.config import parse_hostport
-
-    try:
-        host, port = parse_hostport(args.bootstrap)
-    except ConfigError as exc:
-        raise CliError(f"--bootstrap: {exc}") from None
-    return AdminClient(host, port, timeout_s=args.timeout)
+def _session(args: argparse.Namespace) -> AdminSession:
+    chosen = args.bootstrap or [parse_bootstrap(DEFAULT_BOOTSTRAP)]
+    addresses = list(dict.fromkeys(a for group in chosen for a in group))
+    return AdminSession(addresses, timeout_s=args.timeout)
 
 
 def _check(code: int, message: str | None) -> None:
@@ -121,8 +132,10 @@ def _check(code: int, message: str | None) -> None:
         raise CliError(f"{error_name(code)}: {message or 'no message'}")
 
 
-def _describe(client: AdminClient, group_ids: list[str]) -> Any:
-    return client.call(ConnectGroupDescribeRequest(group_ids=tuple(group_ids))).groups
+def _describe(session: AdminSession, group_ids: list[str]) -> Any:
+    """Each group from its own coordinator (groups may live on different nodes)."""
+    return [g for group_id in group_ids for g in session.group_call(
+        group_id, ConnectGroupDescribeRequest(group_ids=(group_id,))).groups]
 
 
 def _items(a: Any) -> list[str]:
@@ -153,7 +166,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
-    with _client(args) as client:
+    with _session(args) as client:
         if args.action == "list":
             (g,) = _describe(client, [args.group])
             _check(g.error_code if g.error_code != 10001 else 0, g.error_message)
@@ -186,7 +199,7 @@ def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
                 config=tuple(_alter.ConfigEntry(name=k, value=v) for k, v in sorted(config.items())))
             req = ConnectGroupAlterConnectorsRequest(group_id=args.group, upserts=(spec,),
                                                      validate_only=args.validate_only)
-        resp = client.call(req)
+        resp = client.group_call(args.group, req, resend_if_lost=False)
         _check(resp.error_code, resp.error_message)
         verb = "valid" if req.validate_only else "ok"
         out.write(f"{verb}: group {args.group} at epoch {resp.group_epoch}\n")
@@ -195,9 +208,9 @@ def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
 def cmd_groups(args: argparse.Namespace, out: Any) -> None:
     from kio.schema.list_groups.v5.request import ListGroupsRequest
 
-    with _client(args) as client:
+    with _session(args) as client:
         if args.action == "list":
-            resp = client.call(ListGroupsRequest(states_filter=(), types_filter=()))
+            _, resp = client.any_call(ListGroupsRequest(states_filter=(), types_filter=()))
             groups = [{"group": g.group_id, "state": g.group_state} for g in resp.groups]
             if args.json:
                 out.write(json.dumps(groups, indent=2) + "\n")

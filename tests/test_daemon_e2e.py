@@ -1109,7 +1109,7 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
         free = s.getsockname()[1]
     err = cli("groups", "list", "--bootstrap", f"127.0.0.1:{free}", code=1)
     assert "cannot connect" in err
-    cli("groups", "list", "--bootstrap", "nonsense", code=1)
+    assert "'nonsense' is not HOST:PORT" in cli("groups", "list", "--bootstrap", "nonsense", code=2)
     cli("connectors", "create", "--group", "g", "x", *b, code=2)  # --tasks is required
     assert_healthy(d)
     w1.close()
