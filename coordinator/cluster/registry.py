@@ -1,0 +1,272 @@
+"""Which coordinator nodes are alive: one etcd key per node, on the node's lease (issue 12).
+
+    {prefix}/nodes/{node_id} = {"host": <advertised host>, "port": <advertised port>}
+
+IN PROGRESS: nothing in the daemon uses this module yet (``serve`` runs one node on the file
+store); a later change registers the node at start and feeds :class:`NodeWatcher`'s view to
+the partition placement (:mod:`coordinator.cluster.placement`) and to Metadata.
+
+* :func:`register` creates the key with the node's :class:`~coordinator.runtime.etcd_store.NodeLease`
+  in a transaction comparing ``create_revision == 0``, so two processes given the same node id
+  cannot both run: the second gets :class:`NodeIdTaken` naming the holder's address and lease.
+  Because the key lives on a lease, its existence means the holder's lease is alive: when the
+  holder dies (SIGKILL, a lost machine) the key goes when etcd expires the lease (its TTL), and
+  the id can be registered again. Registering again with the SAME lease is accepted (an answer
+  lost to a timeout is retried safely).
+* :meth:`Registration.close` deletes the key at once (a graceful stop), under a compare on the
+  key's create revision so it never deletes a successor's registration.
+* :func:`live_nodes` reads the current view; :class:`NodeWatcher` keeps one up to date with an
+  etcd watch from the revision of its read, and reads the range again whenever the watch is
+  cancelled (etcd compacted past it) or fails. Watch, not polling, because a change shows in
+  milliseconds instead of a poll interval, and with the relist it loses nothing (docs/etcd.md,
+  "Node registry", has the measurement).
+
+The view is advisory: ownership of partitions is decided by the owner keys in etcd
+(:mod:`coordinator.runtime.etcd_store`), so a stale view delays a handover and never lets two
+nodes own one partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from etcd3aio import Etcd3Client
+from etcd3aio.kv import KVService, prefix_range_end
+
+from coordinator.runtime.etcd_store import EtcdStoreError, NodeLease
+
+log = logging.getLogger("coordinator.registry")
+
+NODE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_PUT, _DELETE = 0, 1  # etcd's mvccpb.Event.EventType
+
+
+class NodeIdTaken(EtcdStoreError):
+    """Another live lease holds this node id: two processes were given the same ``node.id``."""
+
+    def __init__(self, node_id: str, holder: NodeInfo | None, lease: int) -> None:
+        where = f"{holder.host}:{holder.port}" if holder else "an unreadable registration"
+        super().__init__(
+            f"node id {node_id!r} is already registered by a live node ({where}, etcd lease "
+            f"{lease:x}); give this node another node.id, or wait for that node's lease to end "
+            "if it is gone")
+        self.node_id = node_id
+        self.holder = holder
+        self.lease = lease
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    host: str
+    port: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"host": self.host, "port": self.port}, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> NodeInfo | None:
+        try:
+            d = json.loads(value)
+            return cls(str(d["host"]), int(d["port"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def nodes_prefix(prefix: str) -> bytes:
+    return f"{prefix.rstrip('/')}/nodes/".encode()
+
+
+def node_key(prefix: str, node_id: str) -> bytes:
+    if not NODE_ID.fullmatch(node_id):
+        raise ValueError(f"node id {node_id!r}: 1-64 characters of A-Z a-z 0-9 . _ -")
+    return nodes_prefix(prefix) + node_id.encode()
+
+
+@dataclass
+class Registration:
+    """This node's key in the registry; :meth:`close` removes it at once."""
+
+    client: Etcd3Client
+    node_id: str
+    key: bytes
+    info: NodeInfo
+    lease_id: int
+    create_revision: int
+    timeout_s: float
+
+    async def registered(self) -> bool:
+        """Whether our key is still there (False once our lease ended)."""
+        resp = await self.client.kv.get(self.key, timeout=self.timeout_s)
+        return bool(resp.kvs) and resp.kvs[0].create_revision == self.create_revision
+
+    async def close(self) -> bool:
+        """Delete our key if it is still ours; True if it was."""
+        resp = await self.client.kv.txn(
+            [KVService.txn_compare_create_revision(self.key, self.create_revision)],
+            [KVService.txn_op_delete(self.key)], [],
+            timeout=self.timeout_s, max_attempts=1)
+        return bool(resp.succeeded)
+
+
+async def register(client: Etcd3Client, prefix: str, node_id: str, host: str, port: int,
+                   lease: NodeLease | int, *, timeout_s: float = 5.0, attempts: int = 3) -> Registration:
+    """Register ``node_id`` at ``host:port`` on ``lease``; :class:`NodeIdTaken` if another live
+    lease holds the id. A timeout is retried (up to ``attempts``): a first attempt that was
+    applied makes the retry find our own lease, which is accepted."""
+    key = node_key(prefix, node_id)
+    info = NodeInfo(host, port)
+    lease_id = lease.id if isinstance(lease, NodeLease) else lease
+    for attempt in range(attempts):
+        try:
+            resp = await client.kv.txn(
+                [KVService.txn_compare_create_revision(key, 0)],
+                [KVService.txn_op_put(key, info.encode(), lease=lease_id)],
+                [KVService.txn_op_get(key)],
+                timeout=timeout_s, max_attempts=1)
+            break
+        except Exception as exc:  # noqa: BLE001 (grpc / etcd3aio errors: unknown outcome)
+            if attempt == attempts - 1:
+                raise EtcdStoreError(f"registering node {node_id!r} failed: {exc!r}") from exc
+            await asyncio.sleep(0.1 * 2 ** attempt)
+    if resp.succeeded:
+        revision = resp.header.revision
+    else:
+        kvs = resp.responses[0].response_range.kvs
+        if not kvs:  # cannot happen within one transaction
+            raise EtcdStoreError(f"node {node_id!r}: registration key vanished during register")
+        kv = kvs[0]
+        if kv.lease != lease_id:
+            raise NodeIdTaken(node_id, NodeInfo.decode(kv.value), kv.lease)
+        if NodeInfo.decode(kv.value) != info:  # ours, from an earlier call: same lease, new address
+            await client.kv.put(key, info.encode(), lease=lease_id, timeout=timeout_s)
+        revision = kv.create_revision
+    log.info("registered node %s at %s:%d (lease %x)", node_id, host, port, lease_id)
+    return Registration(client, node_id, key, info, lease_id, revision, timeout_s)
+
+
+def _node_id(key: bytes, skip: int) -> str:
+    return key[skip:].decode(errors="replace")
+
+
+async def live_nodes(client: Etcd3Client, prefix: str, *, timeout_s: float = 5.0
+                     ) -> tuple[dict[str, NodeInfo], int]:
+    """The registered nodes (an unreadable value is skipped) and the revision of the read."""
+    start = nodes_prefix(prefix)
+    resp = await client.kv.get(start, prefix_range_end(start), timeout=timeout_s)
+    nodes = {}
+    for kv in resp.kvs:
+        info = NodeInfo.decode(kv.value)
+        if info is not None:
+            nodes[_node_id(kv.key, len(start))] = info
+    return nodes, resp.header.revision
+
+
+class NodeWatcher:
+    """A live view of the registered nodes: ``nodes`` (node id -> address), ``revision`` (etcd
+    revision the view is at) and :meth:`changes`. ``await start()`` reads the range and starts
+    the watch; ``await close()`` stops it.
+
+    The watch starts at the read's revision + 1, so no change between the read and the watch is
+    missed. If etcd cancels the watch (it was compacted past, e.g. after a long disconnection)
+    or the watch fails in a way etcd3aio does not retry, the range is read again and the watch
+    restarted from there (``relists`` counts these)."""
+
+    def __init__(self, client: Etcd3Client, prefix: str, *, timeout_s: float = 5.0,
+                 retry_s: float = 0.25) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.nodes: dict[str, NodeInfo] = {}
+        self.revision = 0
+        self.relists = 0
+        self._changed = asyncio.Condition()
+        self._version = 0
+        self._task: asyncio.Task[None] | None = None
+        self.on_change: Callable[[dict[str, NodeInfo]], None] | None = None
+
+    async def start(self) -> None:
+        nodes, revision = await live_nodes(self.client, self.prefix, timeout_s=self.timeout_s)
+        await self._publish(nodes, revision)
+        self._task = asyncio.create_task(self._run(), name="etcd-node-watch")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def __aenter__(self) -> NodeWatcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _publish(self, nodes: dict[str, NodeInfo], revision: int) -> None:
+        self.revision = max(self.revision, revision)
+        if nodes == self.nodes and self._version:
+            return
+        self.nodes = dict(nodes)
+        self._version += 1
+        if self.on_change is not None:
+            self.on_change(dict(nodes))
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def changes(self) -> AsyncIterator[dict[str, NodeInfo]]:
+        """The current view, then every new one (views between two reads may be skipped)."""
+        seen = [0]
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._version != seen[0])
+                seen[0] = self._version
+                view = dict(self.nodes)
+            yield view
+
+    async def wait_for(self, condition: Callable[[dict[str, NodeInfo]], bool],
+                       timeout_s: float) -> dict[str, NodeInfo]:
+        """Wait until the view satisfies ``condition`` (TimeoutError after ``timeout_s``)."""
+        async with asyncio.timeout(timeout_s), self._changed:
+            await self._changed.wait_for(lambda: condition(self.nodes))
+            return dict(self.nodes)
+
+    async def _run(self) -> None:
+        start = nodes_prefix(self.prefix)
+        skip = len(start)
+        while True:
+            try:
+                nodes = dict(self.nodes)
+                async for resp in self.client.watch.watch(start, prefix_range_end(start),
+                                                          start_revision=self.revision + 1):
+                    if resp.canceled or resp.compact_revision:
+                        raise EtcdStoreError(f"watch cancelled (compacted to "
+                                             f"{resp.compact_revision}): {resp.cancel_reason}")
+                    for ev in resp.events:
+                        node = _node_id(ev.kv.key, skip)
+                        info = NodeInfo.decode(ev.kv.value) if ev.type == _PUT else None
+                        if info is None:
+                            nodes.pop(node, None)
+                        else:
+                            nodes[node] = info
+                    await self._publish(nodes, resp.header.revision)
+                raise EtcdStoreError("watch stream ended")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (relist and watch again)
+                log.warning("node watch interrupted (%r); reading the node list again", exc)
+                await asyncio.sleep(self.retry_s)
+                with contextlib.suppress(Exception):
+                    nodes, revision = await live_nodes(self.client, self.prefix,
+                                                       timeout_s=self.timeout_s)
+                    self.relists += 1
+                    await self._publish(nodes, revision)
+                    self.revision = revision  # the watch restarts right after this read
+
