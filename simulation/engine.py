@@ -530,6 +530,7 @@ class SimWorker:
         or a bad_stops fault's plugin behaviour (``slow_stop``, ``hanging_stop``,
         ``raising_stop``, ``ignores_cancel``: see _stop_items)."""
         self.backstop_at: int | None = None
+        self.lost_gen = 0  # worker._lost_gen: bumped when the watchdog fences; a fetch begun before is stale
 
     # -- events of this process: dropped after it ends, deferred while it is paused ----------------------
     def at(self, t: int, fn: Callable[..., None], *args: Any, io: bool = False) -> None:
@@ -940,9 +941,18 @@ class SimWorker:
             # instances are created; their plugins start in the background.
             done = sim.now + (sim.latency() + sim.latency() if items else 0)
             self.acting_until = done
-            self.at(done, self._assign_configs_fetched, action, items)
+            self.at(done, self._assign_configs_fetched, action, items, self.lost_gen)
 
-    def _assign_configs_fetched(self, action: Any, items: frozenset[Item]) -> None:
+    def _assign_configs_fetched(self, action: Any, items: frozenset[Item], gen: int) -> None:
+        m = self.m
+        if items and (gen != self.lost_gen or m.lease_expired(self.sim.now)):
+            # worker._start_items (2c5adb5): configs that come back after the session lease
+            # ended (or after a Lost) start nothing (found by the sweep too: a worker frozen
+            # during the fetch woke past its lease and started items given away meanwhile).
+            self.sim.trace("assign_lease_expired", self.name, epoch=m.member_epoch,
+                           detail="configs fetched after the lease ended: " + _items_detail(items))
+            items = frozenset()
+        items &= m.assigned
         self._start_items(items)
         self._acting_finished(action, items)
 
@@ -1021,6 +1031,7 @@ class SimWorker:
                 self.at(self.wd_at, self._watchdog, self.wd_at)
             return
         sim.trace("self_fenced", self.name, detail=_items_detail(lost.items))
+        self.lost_gen += 1
         if self.hb is not None:  # the watchdog cancels the heartbeat in flight
             self.hb.ignore = True
             self.hb = None
@@ -1167,7 +1178,7 @@ class SimWorker:
 
     # -- the client: two connections, reconnect with backoff -------------------------------------------
     def backoff(self) -> int:
-        ceiling = min(5_000, 100 * (2 ** min(self.failures, 16)))
+        ceiling = min(self.sim.scenario.client_max_backoff_ms, 100 * (2 ** min(self.failures, 16)))
         return int(self.sim.rng_client.uniform(50, max(100, ceiling)))
 
     def send(self, kind: str, request: Any, on_ok: Callable[[Any], None], on_fail: Callable[[str], None],

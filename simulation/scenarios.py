@@ -58,6 +58,7 @@ class Scenario:
     fsync_ms: Range = (1, 5)
     load_ms: Range = (50, 500)
     request_timeout_ms: int = 30_000
+    client_max_backoff_ms: int = 1_000  # CoordinatorClient's reconnect backoff ceiling (was 5 s)
     # -- faults -----------------------------------------------------------------------------------------
     window_ms: int = 30_000
     """Faults start within [0, window_ms) of the fault phase (a rolling bounce runs until done)."""
