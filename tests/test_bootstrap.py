@@ -153,6 +153,7 @@ class MovingNode(socketserver.ThreadingTCPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.target = target
         self.finds = 0
+        self.drop_alter = False  # close the connection on AlterConnectors instead of answering
         self.seen: list[tuple[str, str]] = []
         self.lock = threading.Lock()
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -202,6 +203,10 @@ class _Handler(socketserver.BaseRequestHandler):
             api = APIS[api_key]
             header, offset = parse_request_header(frame, api.request_header_version(version) == 2)
             request = codec.decode(api.request_class(version), frame, offset)[0]
+            if server.drop_alter and api_key == ApiKey.CONNECT_GROUP_ALTER_CONNECTORS:
+                with server.lock:
+                    server.seen.append((api.name, "dropped"))
+                return  # the connection closes with the request unanswered
             body = codec.encode(server.answer(api_key, version, request))
             sock.sendall(encode_response_frame(header.correlation_id, body,
                                                api.response_header_version(version)))
@@ -261,6 +266,17 @@ def test_admin_session_gives_up_after_its_timeout(pool: DaemonPool) -> None:
     finally:
         node.shutdown()
         node.server_close()
+
+
+def test_admin_change_lost_in_flight_is_not_resent(moving: tuple[MovingNode, Any]) -> None:
+    node, d = moving
+    node.finds = 1  # it names itself from now on ...
+    node.target = ("127.0.0.1", node.server_address[1])
+    node.drop_alter = True  # ... and drops the change's connection
+    err = cli("connectors", "delete", "--group", "g", "src", "--bootstrap", node.bootstrap, code=1)
+    assert "may or may not have been applied" in err, err
+    assert [s for s in node.seen if s[0] == "ConnectGroupAlterConnectors"] == [
+        ("ConnectGroupAlterConnectors", "dropped")]  # sent once, never resent
 
 
 # == the worker client ==============================================================================
