@@ -530,6 +530,7 @@ class SimWorker:
         or a bad_stops fault's plugin behaviour (``slow_stop``, ``hanging_stop``,
         ``raising_stop``, ``ignores_cancel``: see _stop_items)."""
         self.backstop_at: int | None = None
+        self.zombie_limit = INF  # after a pause: the excuse of its overlaps ends here
         self.lost_gen = 0  # worker._lost_gen: bumped when the watchdog fences; a fetch begun before is stale
 
     # -- events of this process: dropped after it ends, deferred while it is paused ----------------------
@@ -1508,7 +1509,8 @@ class Simulation:
         if ow.paused:
             return True
         return (ow.pause_lease_expired and old.stop_begin is not None
-                and old.stop_begin <= ow.resumed_at + self.zombie_grace)
+                and old.stop_begin <= ow.resumed_at + self.zombie_grace
+                and self.now <= ow.zombie_limit)
 
     def run_stopped(self, run: Run, stop_begin: int, end: int) -> None:
         run.stop_begin = stop_begin
@@ -1578,6 +1580,24 @@ class Simulation:
         """A frozen worker woke up: it must stop what it may no longer run within one watchdog
         period (plus a round trip: the stale answer it finds in its socket first)."""
         self.at(self.now + self.zombie_grace, self._zombie_check, w, w.inc)
+        # The fail-stop rule bounds the excuse: whatever the woken worker still runs ends by its
+        # lease end + budget (the lease backstop), or as it wakes if that has passed.
+        last = w.m.last_success_ms
+        lease_end = last + self.scenario.session_timeout_ms if last is not None else self.now
+        w.zombie_limit = max(self.now, lease_end + w.stop_deadline)
+        self.at(w.zombie_limit + 1, self._zombie_limit_check, w, w.zombie_limit)
+
+    def _zombie_limit_check(self, w: SimWorker, limit: int) -> None:
+        if w.paused or w.zombie_limit != limit:
+            return  # frozen again: its next wake-up sets the limit anew
+        for ov in self.overlaps:
+            old = ov.old
+            if ov.excused and old.worker is w and (old.end is None or old.end > limit) \
+                    and old.start <= limit:
+                self.violate(f"{w.name} woke from a pause and still runs {ov.item} past its lease "
+                             f"end + stop budget (t={limit}), which {ov.new.worker.name} runs since "
+                             f"t={ov.at}")
+                return
 
     def _zombie_check(self, w: SimWorker, inc: int) -> None:
         for ov in self.overlaps:
