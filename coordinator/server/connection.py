@@ -19,7 +19,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from connect_wire import codec
-from connect_wire.apis import APIS
+from connect_wire.apis import APIS, ApiKey
 from connect_wire.errors import ErrorCode
 from connect_wire.framing import (
     FrameDecoder,
@@ -43,7 +43,16 @@ log = logs.get("coordinator.connection")
 INFLIGHT = 1  # socket.max.inflight.requests / socket.max.inflight.bytes reached
 WRITE = 2  # unsent responses above socket.write.buffer.bytes (the transport's pause_writing)
 BUDGET = 4  # queued.max.request.bytes reached, and this connection holds some of it
-_RUN_STOP = INFLIGHT | WRITE
+HEAVY = 8  # a request whose answer grows with the state (not the request) is in flight
+_RUN_STOP = INFLIGHT | WRITE | HEAVY
+# APIs whose answer's size depends on what the daemon holds, not on the request: one at a time
+# per connection (found by review: ten pipelined ConnectGroupDescribe of one big group, never
+# read, built ten 61 MB answers at once; a backlog of 10,000-topic Metadata ran for seconds in
+# one callback). Workers never pipeline these; heartbeats are not among them.
+_HEAVY_KEYS = frozenset({ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_GROUPS,
+                         ApiKey.LIST_GROUPS, ApiKey.CONNECT_GROUP_DESCRIBE,
+                         ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT})
+_DRAIN_SLICE_S = 0.005  # a backlog drain yields to the loop after this long
 _PEER_CLOSED = (7, 8)  # Linux TCP states CLOSE and CLOSE_WAIT (tcp_info.tcpi_state)
 
 _Route = tuple[Any, type, bool, int]  # (API, request class, flexible request header, response header)
@@ -82,7 +91,7 @@ class _Slot:
     """One request's place in the connection's response order."""
 
     __slots__ = ("correlation_id", "header_version", "api", "started", "frame", "error_code",
-                 "request", "size")
+                 "request", "size", "heavy")
 
     def __init__(self, correlation_id: int, header_version: int, api: str, started: float,
                  size: int) -> None:
@@ -94,6 +103,7 @@ class _Slot:
         self.frame: bytes | None = None
         self.error_code = 0
         self.request: Any = None  # the decoded request (for an error response in its stead)
+        self.heavy = False  # one of _HEAVY_KEYS: counted in Connection._heavy until written
 
 
 class Connection(asyncio.Protocol):
@@ -114,6 +124,9 @@ class Connection(asyncio.Protocol):
         self._max_inflight = server.max_inflight_requests
         self._max_inflight_bytes = server.max_inflight_bytes
         self._flush_scheduled = False
+        self._drain_scheduled = False
+        self._heavy = 0  # requests of _HEAVY_KEYS run and not yet written
+        self._lost = False  # connection_lost ran: slots filled later are not counted
         self._peer_closed = False  # seen in CLOSE_WAIT while paused for the budget
         self._eof = False  # the peer half-closed: close after the pending responses
         self._ctx = RequestContext()  # the last request's context (client id, peer): reused
@@ -133,9 +146,10 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._lost = True
         server = self.server
         server.held_bytes -= self._partial + self._queued + self._inflight
-        self._partial = self._queued = self._inflight = 0
+        self._partial = self._queued = self._inflight = self._heavy = 0
         self._backlog.clear()
         # Answers still to come have nowhere to go; their bytes were given back just above
         # (a later _flush or _forget must not give them back twice).
@@ -195,14 +209,22 @@ class Connection(asyncio.Protocol):
         self.server.held_bytes += added
 
     def _drain(self) -> None:
-        """Run backlogged requests until a limit stops it again (or none is left)."""
+        """Run backlogged requests until a limit stops it again (or none is left), yielding to
+        the loop every few milliseconds (a backlog must not hold everyone else up)."""
+        self._drain_scheduled = False
         backlog = self._backlog
         now = time.monotonic()
+        until = now + _DRAIN_SLICE_S
         while backlog and not self._pause & _RUN_STOP and not self.closed:
             frame = backlog.popleft()
             self._queued -= len(frame)
             self.server.held_bytes -= len(frame)
             self._handle(frame, now)
+            if backlog and time.monotonic() > until:
+                if not self._drain_scheduled:
+                    self._drain_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._drain)
+                return
 
     @property
     def holds_input(self) -> bool:
@@ -284,6 +306,14 @@ class Connection(asyncio.Protocol):
                        ErrorCode.UNSUPPORTED_VERSION)
             return
         api, request_class, flexible_header, response_header = route
+        heavy = api_key in _HEAVY_KEYS
+        if heavy and self._heavy:
+            # One at a time: back to the head of the backlog until the one in flight is written.
+            self._backlog.appendleft(frame)
+            self._queued += len(frame)
+            self.server.held_bytes += len(frame)
+            self._stop(HEAVY)
+            return
         try:
             client_id, offset = request_client_id(frame, flexible_header)
         except MalformedHeader as exc:
@@ -293,6 +323,9 @@ class Connection(asyncio.Protocol):
         # self._slot(), inlined (the per-request path).
         size = len(frame)
         slot = _Slot(correlation_id, response_header, api.name, started, size)
+        if heavy:
+            slot.heavy = True
+            self._heavy += 1
         pending = self.pending
         pending.append(slot)
         self._inflight += size
@@ -375,6 +408,10 @@ class Connection(asyncio.Protocol):
             return
         self._inflight -= slot.size
         self.server.held_bytes -= slot.size
+        if slot.heavy:
+            self._heavy -= 1
+            if not self._heavy and self._pause & HEAVY:
+                asyncio.get_running_loop().call_soon(self._go, HEAVY)
 
     def _fill(self, slot: _Slot, response: Any, error_code: int, body: bytes | None = None) -> None:
         if body is not None:
@@ -396,8 +433,17 @@ class Connection(asyncio.Protocol):
                                  f"the response could not be encoded: {exc}")
                 return
             _LAST.response, _LAST.body = response, body
-        slot.frame = encode_response_frame(slot.correlation_id, body, slot.header_version)
+        frame = slot.frame = encode_response_frame(slot.correlation_id, body, slot.header_version)
         slot.error_code = int(error_code)
+        if not self._lost:
+            # The answer counts in the connection's in-flight bytes and the global budget until
+            # it is handed to the transport (whose own buffer is bounded by pause_writing).
+            extra = len(frame)
+            slot.size += extra
+            self._inflight += extra
+            self.server.held_bytes += extra
+            if self._inflight >= self._max_inflight_bytes:
+                self._stop(INFLIGHT)
         # Flush once at the end of this loop turn: every response a shard commit resolved in
         # the same turn goes out in one write.
         if not self._flush_scheduled:
@@ -411,10 +457,14 @@ class Connection(asyncio.Protocol):
         now = time.monotonic()
         pending = self.pending
         freed = 0
+        heavy_done = False
         while pending and pending[0].frame is not None:
             slot = pending.popleft()
             ready.append(slot.frame)  # type: ignore[arg-type]
             freed += slot.size
+            if slot.heavy:
+                self._heavy -= 1
+                heavy_done = True
             metrics.request_done(slot.api, slot.error_code, now - slot.started)
         if freed:
             self._inflight -= freed
@@ -432,6 +482,8 @@ class Connection(asyncio.Protocol):
         if self._pause & INFLIGHT and len(pending) <= self._max_inflight // 2 \
                 and self._inflight <= self._max_inflight_bytes // 2:
             self._go(INFLIGHT)
+        if heavy_done and not self._heavy and self._pause & HEAVY:
+            self._go(HEAVY)
         if self._eof and not pending and not self._backlog:
             self.close()
 
