@@ -249,3 +249,16 @@ def test_every_partition_failing_to_load_exits_with_the_reason(tmp_path: Path) -
     last = result.stderr.strip().splitlines()[-1]
     assert "cannot start" in last and "partition" in last and "partition-0" in last, last
     assert os.path.isfile(partition_dir(data, 0))
+
+
+def test_a_checkpoint_cut_short_is_refused_not_read_as_an_earlier_point(tmp_path: Path) -> None:
+    """Found by review: "0\\n1\\n0 4" (the file cut inside "0 42") read as recovery point 4, and a
+    log short of 42 was served. Every line the writer writes ends with a newline."""
+    from coordinator.runtime.datadir import CHECKPOINT_FILE, BadCheckpoint, read_checkpoint, write_checkpoint
+
+    write_checkpoint(tmp_path, {0: 42}, fsync=False)
+    assert read_checkpoint(tmp_path) == {0: 42}
+    whole = (tmp_path / CHECKPOINT_FILE).read_text()
+    (tmp_path / CHECKPOINT_FILE).write_text(whole[:-2])  # "...0 4"
+    with pytest.raises(BadCheckpoint, match="cut short"):
+        read_checkpoint(tmp_path)

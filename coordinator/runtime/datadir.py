@@ -153,6 +153,8 @@ def read_checkpoint(data_dir: Path) -> dict[int, int]:
         raise BadCheckpoint(f"cannot read {path}: {exc}") from None
     lines = text.splitlines()
     try:
+        if not text.endswith("\n"):  # the writer ends every line: a cut file (e.g. "0 4" of
+            raise ValueError("it does not end with a newline: cut short")  # "0 42") is refused
         if int(lines[0]) != CHECKPOINT_VERSION:
             raise BadCheckpoint(f"{path}: unknown format version {lines[0]!r}")
         count = int(lines[1])
