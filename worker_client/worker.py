@@ -48,6 +48,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from connect_wire.errors import ErrorCode, error_name
 from connect_wire.items import Item
 from connect_wire.messages import (
@@ -210,6 +212,9 @@ class Worker:
         self._fail_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._guard = FailStopGuard(self._fail_stop_probe, self._fail_stop, now_ms)
+        # The context bound to every log line (group, instance): the guard thread does not see
+        # the main thread's context variables.
+        self._log_context = dict(structlog.contextvars.get_contextvars())
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -641,20 +646,23 @@ class Worker:
             if self._failed_stop is not None:
                 return
             self._failed_stop = reason
+        event = "fail-stop: ending the process so that no work can run on two workers"
+        fields = {"reason": reason, "member_id": self.membership.member_id,
+                  "epoch": self.membership.member_epoch, "exit_status": FAIL_STOP_EXIT}
         action = self.config.fail_stop
         if action is None:
-            # The exit must not depend on the log: a full pipe on stderr, a dead log reader or a
-            # logging lock held by a blocked loop would hold it up (found by review). A timer
-            # ends the process if the line below does not get out at once.
-            action = exit_process
+            # The exit must not depend on the logger: a full pipe on stderr, a dead log reader
+            # or a logger's lock held by a blocked loop held it up (found by review). One
+            # non-blocking write of the line, then a timer ends the process should the flush
+            # of the exit block.
+            logs.emergency(event, **{**self._log_context, **fields})
             timer = threading.Timer(max(0.005, self.fail_stop_margin_ms / 2000), os._exit,
                                     (FAIL_STOP_EXIT,))  # (no flush: that may be what blocks)
             timer.daemon = True
             timer.start()
+            exit_process(reason)
         try:
-            log.critical("fail-stop: ending the process so that no work can run on two workers",
-                         reason=reason, member_id=self.membership.member_id,
-                         epoch=self.membership.member_epoch, exit_status=3)
+            log.critical(event, **fields)
         except BaseException:  # noqa: BLE001 - the action below must run whatever the log does
             pass
         action(reason)
