@@ -110,27 +110,6 @@ def _records(groups: int, members: int) -> Iterator[rec.Record]:
                                       frozenset(), 1, b""))
 
 
-def write_log(data_dir: Path, count: int, groups: int, members: int) -> int:
-    """A partition-0 log of ``count`` records; returns its size in bytes."""
-    log, _ = PartitionLog.open(partition_dir(data_dir, 0))
-    try:
-        batch: list[tuple[bytes, bytes | None]] = []
-        for n, record in enumerate(_records(groups, members)):
-            if n == count:
-                break
-            batch.append(serde.encode_record(record))
-            if len(batch) == BATCH:
-                log.append(batch)
-                batch = []
-        if batch:
-            log.append(batch)
-        log.sync()
-        (data_dir / "partitions").write_text("1\n")  # the daemon's partition-count marker
-        return log.size_bytes
-    finally:
-        log.close()
-
-
 MAINTAIN_EVERY = 20_000
 ROLL_MIN_BYTES = 1024 * 1024  # the daemon's defaults (log.roll.min.bytes, log.roll.dirty.percent)
 ROLL_DIRTY_PERCENT = 50
@@ -144,12 +123,10 @@ def maintain(log: PartitionLog, roll: bool = True) -> None:
         log.compact(time.time_ns() // 1_000_000, 24 * 3600 * 1000)
 
 
-def write_churned_log(data_dir: Path, groups: int, members: int, rounds: int,
-                      roll: bool = True) -> tuple[int, int]:
-    """Set-up records plus ``rounds`` rebalance rounds, maintained as the daemon would;
-    (records written, log bytes after)."""
-    per_round = groups * (2 + 2 * members)
-    count = groups * (2 + members) + rounds * per_round
+def _write(data_dir: Path, count: int, groups: int, members: int,
+           roll: bool | None = None) -> int:
+    """A partition-0 log of the first ``count`` records; with ``roll`` not None, maintained as
+    the daemon would every MAINTAIN_EVERY records and at the end. Returns its size in bytes."""
     log, _ = PartitionLog.open(partition_dir(data_dir, 0))
     try:
         batch: list[tuple[bytes, bytes | None]] = []
@@ -160,17 +137,31 @@ def write_churned_log(data_dir: Path, groups: int, members: int, rounds: int,
             if len(batch) == BATCH:
                 log.append(batch)
                 batch = []
-            if n % MAINTAIN_EVERY == MAINTAIN_EVERY - 1:
+            if roll is not None and n % MAINTAIN_EVERY == MAINTAIN_EVERY - 1:
                 log.sync()
                 maintain(log, roll)
         if batch:
             log.append(batch)
         log.sync()
-        maintain(log, roll)
-        (data_dir / "partitions").write_text("1\n")
-        return count, log.size_bytes
+        if roll is not None:
+            maintain(log, roll)
+        (data_dir / "partitions").write_text("1\n")  # the daemon's partition-count marker
+        return log.size_bytes
     finally:
         log.close()
+
+
+def write_log(data_dir: Path, count: int, groups: int, members: int) -> int:
+    """A partition-0 log of ``count`` records; returns its size in bytes."""
+    return _write(data_dir, count, groups, members)
+
+
+def write_churned_log(data_dir: Path, groups: int, members: int, rounds: int,
+                      roll: bool = True) -> tuple[int, int]:
+    """Set-up records plus ``rounds`` rebalance rounds, maintained as the daemon would;
+    (records written, log bytes after)."""
+    count = groups * (2 + members) + rounds * groups * (2 + 2 * members)
+    return count, _write(data_dir, count, groups, members, roll)
 
 
 CHURN_MODES = (("roll+compact", True), ("compaction only", False))

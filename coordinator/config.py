@@ -196,8 +196,9 @@ SETTINGS: tuple[Setting, ...] = (
             "the connection is not read, and requests it already sent wait, until half are "
             "answered.", _positive),
     Setting("socket.max.inflight.bytes", int, 4 * 1024 * 1024,
-            "Request bytes one connection may have in flight; past it the connection is not "
-            "read until half are answered.", _positive),
+            "Bytes one connection may have in flight: its requests, and their answers until "
+            "the transport takes them; past it the connection is not read until half are "
+            "answered.", _positive),
     Setting("socket.write.buffer.bytes", int, 1024 * 1024,
             "Unsent response bytes one connection may hold (a client not reading its answers); "
             "past it the connection is not read, and requests it already sent wait, until a "
