@@ -660,8 +660,9 @@ class Worker:
                                     (FAIL_STOP_EXIT,))  # (no flush: that may be what blocks)
             timer.daemon = True
             timer.start()
-            exit_process(reason)
-        try:
+            exit_process(reason)  # (does not return)
+            return
+        try:  # an embedder's action (tests): the ordinary logger
             log.critical(event, **fields)
         except BaseException:  # noqa: BLE001 - the action below must run whatever the log does
             pass
