@@ -7,6 +7,7 @@
   requests the group's coordinator found with FindCoordinator (which may be another node than
   the one asked), with retries on NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE (rediscover) and
   COORDINATOR_LOAD_IN_PROGRESS (same node) under a bounded backoff, until the session's timeout.
+  :meth:`AdminSession.list_groups` asks every node Metadata lists and merges their answers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from connect_wire import codec
@@ -29,6 +32,8 @@ REDISCOVER = {int(ErrorCode.NOT_COORDINATOR), int(ErrorCode.COORDINATOR_NOT_AVAI
 """The group's coordinator is elsewhere or not known yet: FindCoordinator again."""
 RETRY_SAME_NODE = {int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)}
 """The node is loading the group's partition: ask it again (as Kafka's clients do)."""
+RETRY_LISTING = {int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS), int(ErrorCode.COORDINATOR_NOT_AVAILABLE)}
+"""ListGroups answers asked again of the same node (Kafka's AdminClient.listConsumerGroups)."""
 
 
 class AdminError(Exception):
@@ -110,6 +115,34 @@ def _error_of(resp: Any) -> int:
     return int(code or 0)
 
 
+@dataclass(frozen=True)
+class Node:
+    """A coordinator node as Metadata lists it (Kafka's broker)."""
+
+    node_id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> Address:
+        return self.host, self.port
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} at {format_addresses([self.address])}"
+
+
+@dataclass
+class GroupListing:
+    """What :meth:`AdminSession.list_groups` found: ``groups`` (group id, state) sorted by id,
+    each group once, from every node that answered; ``failures`` (node, what happened) for each
+    node that could not be reached or answered an error (an error answer's groups are listed
+    all the same: they are what the node's other partitions hold)."""
+
+    nodes: list[Node]
+    groups: list[tuple[str, str]] = field(default_factory=list)
+    failures: list[tuple[Node, str]] = field(default_factory=list)
+
+
 class AdminSession:
     """Admin requests against a coordinator cluster reached through a bootstrap list.
 
@@ -184,6 +217,89 @@ class AdminSession:
         if int(c.error_code):
             raise CoordinatorError(int(c.error_code), c.error_message)
         return c.host, int(c.port)
+
+    def nodes(self) -> tuple[Address, list[Node]]:
+        """Every coordinator node, from Metadata at the first bootstrap address that answers it
+        (and that address). AdminError when no address answers or the list is empty."""
+        from kio.schema.metadata.v12.request import MetadataRequest
+
+        address, resp = self.any_call(MetadataRequest(
+            topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+        nodes = sorted({Node(int(b.node_id), b.host, int(b.port)) for b in resp.brokers},
+                       key=lambda n: (n.node_id, n.host, n.port))
+        if not nodes:
+            raise AdminError(f"Metadata at {format_addresses([address])} listed no coordinator node")
+        return address, nodes
+
+    def list_groups(self, states_filter: Sequence[str] = (),
+                    types_filter: Sequence[str] = ()) -> GroupListing:
+        """ListGroups on every node and the answers merged, as Kafka's AdminClient
+        ``listConsumerGroups`` does (a node lists only the groups of the partitions it owns).
+
+        The nodes come from Metadata at the first bootstrap address that answers (no address
+        answering raises AdminError). When Metadata lists a single node, that node is the one
+        that answered, so it is asked on the same connection (its advertised address need not
+        be reachable from here: a single daemon behaves as before). Nodes are asked in
+        parallel. COORDINATOR_LOAD_IN_PROGRESS and COORDINATOR_NOT_AVAILABLE are asked again
+        of the same node with the session's backoff until ``timeout_s`` (Kafka retries those);
+        any other error, and a node that cannot be reached or breaks the connection, is
+        reported at once in ``failures`` (Kafka retries a disconnected node until its timeout;
+        a command should name the dead node now). An error answer's groups still count. A
+        group listed by several nodes (its partition moving between the answers) is listed
+        once, with the state given by the node with the lowest id."""
+        from kio.schema.list_groups.v5.request import ListGroupsRequest
+
+        request = ListGroupsRequest(states_filter=tuple(states_filter),
+                                    types_filter=tuple(types_filter))
+        answered, nodes = self.nodes()
+        deadline = time.monotonic() + self.timeout_s
+
+        def ask(node: Node) -> tuple[Any, str | None]:
+            # One node: the connection Metadata came on. Several: a connection per thread of
+            # its own (not the session's cache, which is not shared between threads).
+            own: AdminClient | None = None
+            failures = 0
+            try:
+                while True:
+                    try:
+                        if len(nodes) == 1:
+                            resp = self._call_at(answered, request)
+                        else:
+                            if own is None:
+                                own = AdminClient(*node.address, timeout_s=self.timeout_s,
+                                                  client_id=self.client_id)
+                            resp = own.call(request)
+                    except AdminError as exc:
+                        return None, str(exc)
+                    code = int(resp.error_code)
+                    if code not in RETRY_LISTING:
+                        return resp, (f"{error_name(code)}: some partitions did not answer"
+                                      if code else None)
+                    failures += 1
+                    pause = random.uniform(self.backoff_s / 2, min(
+                        self.max_backoff_s, self.backoff_s * 2 ** min(failures, 16)))
+                    if time.monotonic() + pause > deadline:
+                        return resp, (f"{error_name(code)}: still not answering for all its "
+                                      f"partitions after {self.timeout_s:g}s")
+                    self.sleep(pause)
+            finally:
+                if own is not None:
+                    own.close()
+
+        if len(nodes) == 1:
+            answers = [ask(nodes[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(len(nodes), 16)) as pool:
+                answers = list(pool.map(ask, nodes))
+        listing = GroupListing(nodes)
+        merged: dict[str, str] = {}
+        for node, (resp, failure) in zip(nodes, answers, strict=True):
+            if failure is not None:
+                listing.failures.append((node, failure))
+            for g in resp.groups if resp is not None else ():
+                merged.setdefault(g.group_id, g.group_state)
+        listing.groups = sorted(merged.items())
+        return listing
 
     def group_call(self, group_id: str, request: Any, resend_if_lost: bool = True) -> Any:
         """Send ``request`` to ``group_id``'s coordinator and return its answer.

@@ -113,7 +113,8 @@ def parser() -> argparse.ArgumentParser:
 
     groups = sub.add_parser("groups", help="list or describe groups")
     gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
-    gl = admin(gsub, "list", "list connect groups and their states")
+    gl = admin(gsub, "list", "list connect groups and their states (every node asked; a node "
+               "that fails is named on stderr, exit 1)")
     gl.add_argument("--json", action="store_true")
     gd = admin(gsub, "describe", "members, epochs and assignments of groups")
     gd.add_argument("groups", nargs="+", metavar="GROUP")
@@ -206,18 +207,21 @@ def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
 
 
 def cmd_groups(args: argparse.Namespace, out: Any) -> None:
-    from kio.schema.list_groups.v5.request import ListGroupsRequest
-
     with _session(args) as client:
         if args.action == "list":
-            _, resp = client.any_call(ListGroupsRequest(states_filter=(), types_filter=()))
-            groups = [{"group": g.group_id, "state": g.group_state} for g in resp.groups]
+            # Every node (from Metadata) asked and merged; a node that failed is named on
+            # stderr (exit 1) after the others' groups are printed.
+            listing = client.list_groups()
+            groups = [{"group": group_id, "state": state} for group_id, state in listing.groups]
             if args.json:
                 out.write(json.dumps(groups, indent=2) + "\n")
             else:
                 out.write(_table([[g["group"], g["state"]] for g in groups], ["GROUP", "STATE"]) + "\n")
-            if resp.error_code:
-                raise CliError(f"{error_name(int(resp.error_code))}: some partitions did not answer")
+            if listing.failures:
+                raise CliError("\n".join(
+                    [f"groups list is incomplete: {len(listing.failures)} of {len(listing.nodes)} "
+                     "node(s) failed (shown: what the nodes answered):"]
+                    + [f"  {node}: {what}" for node, what in listing.failures]))
             return
         described = _describe(client, args.groups)
         dicts = [_group_dict(g) for g in described]
