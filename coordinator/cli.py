@@ -61,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the coordinator daemon",
-                           description="Run the coordinator with its embedded file store. "
+                           description="Run the coordinator: by default one node with its "
+                           "embedded file store; with --store etcd one of several nodes. "
                            "Settings: defaults < --config FILE < CONNECT_COORDINATOR_* "
                            "environment < flags (see docs/configuration.md).")
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
@@ -78,6 +79,20 @@ def parser() -> argparse.ArgumentParser:
                        help="always (default) | interval:MS | never")
     serve.add_argument("--log-format", choices=("json", "console"), help="log format (default json)")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    several = serve.add_argument_group(
+        "several nodes on etcd",
+        "Run several coordinator nodes sharing the partitions through etcd (docs/etcd.md): "
+        "every node gets --store etcd, the same --etcd-endpoints, --etcd-prefix and "
+        "--partitions, its own --node-id and an --advertised-listener the workers and the "
+        "other nodes can reach. No data dir is used.")
+    several.add_argument("--store", choices=("file", "etcd"),
+                         help="file (default: the partition logs in --data-dir, one node) | etcd")
+    several.add_argument("--etcd-endpoints", metavar="HOST:PORT[,HOST:PORT...]",
+                         help="the etcd cluster's client addresses")
+    several.add_argument("--etcd-prefix", metavar="PATH",
+                         help="key namespace in etcd (default /connect-coordinator)")
+    several.add_argument("--node-id", metavar="N", type=int,
+                         help="this node's id, 0-2147483647, unique among the live nodes")
 
     def admin(parent: Any, name: str, help: str) -> argparse.ArgumentParser:
         a: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
@@ -252,6 +267,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "data.dir": args.data_dir, "metrics.listener": args.metrics_listen,
         "partitions": args.partitions, "log.fsync": args.fsync,
         "log.format": args.log_format, "log.level": args.log_level,
+        "store": args.store, "etcd.endpoints": args.etcd_endpoints,
+        "etcd.prefix": args.etcd_prefix, "node.id": args.node_id,
     }
     try:
         config = cfg.load(args.config, overrides)

@@ -109,6 +109,25 @@ def _group_list(v: str) -> str | None:
         "must be comma-separated non-empty group ids")
 
 
+def _endpoint_list(v: str) -> str | None:
+    for part in v.split(","):
+        if not part.strip():
+            if v.strip():
+                return "must be comma-separated HOST:PORT entries"
+            continue
+        try:
+            parse_hostport(part)
+        except ConfigError as exc:
+            return str(exc)
+    return None
+
+
+def _etcd_prefix(v: str) -> str | None:
+    if not v.startswith("/") or v.rstrip("/") == "" or "\x00" in v:
+        return "must be a key path starting with '/', e.g. /connect-coordinator"
+    return None
+
+
 def _one_of(*choices: str) -> Callable[[str], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
@@ -212,6 +231,38 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket.idle.timeout.ms", int, 600_000,
             "A connection with no complete request for this long is closed "
             "(also ends slow-loris senders).", _positive),
+    Setting("store", str, "file",
+            "Where the partitions live: 'file' (the partition logs in data.dir; one node) or "
+            "'etcd' (in etcd, shared by several coordinator nodes: etcd.endpoints, node.id; "
+            "docs/etcd.md).", _one_of("file", "etcd")),
+    Setting("etcd.endpoints", str, "",
+            "store=etcd: comma-separated HOST:PORT of the etcd cluster's client URLs "
+            "(plain http).", _endpoint_list),
+    Setting("etcd.prefix", str, "/connect-coordinator",
+            "store=etcd: key namespace of this coordinator cluster in etcd (several clusters can "
+            "share one etcd with different prefixes).", _etcd_prefix),
+    Setting("node.id", int, -1,
+            "store=etcd: this node's id, unique among live nodes (Kafka's broker.id: 0 to "
+            "2147483647; the node listed in Metadata and FindCoordinator). -1: unset.",
+            lambda v: None if -1 <= v <= 2**31 - 1 else "must be within [0, 2147483647]"),
+    Setting("etcd.lease.ttl.ms", int, 3_000,
+            "store=etcd: TTL of the node's etcd lease (whole seconds): a node that dies is "
+            "replaced after about this long. Must stay well under the workers' session timeout.",
+            lambda v: None if v >= 1000 and v % 1000 == 0 else
+            "must be a whole number of seconds (a multiple of 1000), at least 1000"),
+    Setting("etcd.lease.margin.ms", int, 500,
+            "store=etcd: the node stops answering for its partitions once its lease is no "
+            "longer certainly valid for this long (the lease counted from the send time of its "
+            "last renewal).", _positive),
+    Setting("etcd.request.timeout.ms", int, 2_000,
+            "store=etcd: timeout of one etcd write (a commit whose answer does not come in "
+            "time has an unknown outcome: the partition is reloaded).", _positive),
+    Setting("etcd.max.txn.ops", int, 128,
+            "store=etcd: etcd's --max-txn-ops (operations per transaction); must not exceed the "
+            "servers' value. One request's records must fit in one transaction.", _positive),
+    Setting("etcd.max.request.bytes", int, 1536 * 1024,
+            "store=etcd: etcd's --max-request-bytes; must not exceed the servers' value.",
+            lambda v: None if v > 4096 else "must be more than 4096"),
     Setting("log.format", str, "json", "'json' (JSON lines) or 'console'.", _one_of("json", "console")),
     Setting("log.level", str, "info", "debug, info, warning or error.",
             _one_of("debug", "info", "warning", "error")),
@@ -270,6 +321,10 @@ class ServerConfig:
         """Groups with per-group metric series (``metrics.groups``)."""
         return frozenset(p.strip() for p in self["metrics.groups"].split(",") if p.strip())
 
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        return [p.strip() for p in self["etcd.endpoints"].split(",") if p.strip()]
+
 
 def load(
     file: str | os.PathLike[str] | None = None,
@@ -320,6 +375,22 @@ def load(
         raise ConfigError(
             f"queued.max.request.bytes={values['queued.max.request.bytes']} must hold at least "
             f"one frame of socket.max.frame.bytes={values['socket.max.frame.bytes']} (+4)")
+    if values["store"] == "etcd":
+        if not values["etcd.endpoints"].strip():
+            raise ConfigError("store=etcd needs etcd.endpoints (--etcd-endpoints HOST:PORT,...)")
+        if values["node.id"] < 0:
+            raise ConfigError("store=etcd needs node.id (--node-id N), unique among the nodes")
+        host = config.listen[0]
+        if not values["advertised.listener"] and host in ("0.0.0.0", "::", ""):
+            # As Kafka: the other nodes and the clients cannot connect to a wildcard address.
+            raise ConfigError(
+                f"store=etcd with listeners={values['listeners']!r} needs advertised.listener "
+                "(--advertised-listener HOST:PORT): the address the clients and the other "
+                "nodes reach this node at")
+        if values["etcd.lease.margin.ms"] * 2 > values["etcd.lease.ttl.ms"]:
+            raise ConfigError(
+                f"etcd.lease.margin.ms={values['etcd.lease.margin.ms']} must be at most half of "
+                f"etcd.lease.ttl.ms={values['etcd.lease.ttl.ms']}")
     return config
 
 

@@ -150,6 +150,15 @@ class Metrics:
                                          "Partition reloads after its log failed at run time",
                                          ["partition"], registry=r)
         self.connections = Gauge(f"{NS}_connections", "Open client connections", registry=r)
+        # Several nodes (store=etcd, issue 12).
+        self.partition_moves = Counter(
+            f"{NS}_partition_moves",
+            "Partitions this node acquired (loaded), released (graceful handover) or lost "
+            "(deposed, lease lost)", ["kind"], registry=r)
+        self.etcd_lease_remaining = Gauge(
+            f"{NS}_etcd_lease_remaining_seconds",
+            "How long this node's etcd lease is certainly still valid (store=etcd; 0 without "
+            "a lease)", registry=r)
         # Flow control (issue 11, items 4 and 5); both computed when scraped.
         self.queued_request_bytes = Gauge(
             f"{NS}_queued_request_bytes",
@@ -166,7 +175,7 @@ class Metrics:
             f"{NS}_event_loop_lag_observed_seconds", "Event loop lag, every probe",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=r)
-        for state in ("loading", "active", "failed"):
+        for state in ("loading", "active", "failed", "unowned"):
             self.partition_count.labels(state).set(0)
 
     def register_groups(self, groups: Callable[[], Iterable[tuple[str, str, int]]],

@@ -200,8 +200,8 @@ def test_any_encoder_or_handler_failure_is_answered_with_an_error(tmp_path: Path
 
     real_metadata = kafka_apis.metadata
 
-    def unencodable(cls: type, request: Any, host: str, port: int) -> Any:
-        response = real_metadata(cls, request, host, port)
+    def unencodable(cls: type, request: Any, *args: Any) -> Any:
+        response = real_metadata(cls, request, *args)
         topic = response.topics[0]
         return type(response)(**{**{f: getattr(response, f) for f in response.__dataclass_fields__},
                                  "topics": (type(topic)(**{**{f: getattr(topic, f) for f in
@@ -672,14 +672,23 @@ def test_many_keys_findcoordinator_answer_is_spliced_to_the_same_bytes(
         version: int, key_type: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """FindCoordinator v4+ with more than SPLICE_MIN keys is answered by splicing (a chunk per
     event-loop turn): the same bytes as the built answer, empty keys (INVALID_GROUP_ID) and
-    other key types (INVALID_REQUEST) included."""
+    other key types (INVALID_REQUEST) included, and with several nodes: keys owned by
+    different nodes and keys nobody owns (COORDINATOR_NOT_AVAILABLE)."""
     from coordinator.server import kafka_apis as k
+
+    def locate(key: str) -> tuple[int, str, int] | None:
+        return None if key == "a" else (len(key) % 3, f"node{len(key) % 3}", 9092 + len(key) % 3)
 
     cls = APIS[ApiKey.FIND_COORDINATOR].response_class(version)
     keys = ("a", "", "x" * 200, "é") * (k.REFUSE_CHUNK // 4 + 2)
     req = APIS[ApiKey.FIND_COORDINATOR].request_class(version)(key_type=key_type, coordinator_keys=keys)
-    spliced = k.find_coordinator(cls, req, version, "h", 9092)
+    spliced = k.find_coordinator(cls, req, version, locate)
     assert asyncio.iscoroutine(spliced)
     body = asyncio.run(spliced).body
     monkeypatch.setattr(k, "SPLICE_MIN", len(keys))  # the entity-by-entity path
-    assert body == codec.encode(k.find_coordinator(cls, req, version, "h", 9092))
+    built = k.find_coordinator(cls, req, version, locate)
+    assert body == codec.encode(built)
+    if key_type == 0:  # every kind of answer is in there
+        assert {c.error_code for c in built.coordinators} == {
+            0, E.INVALID_GROUP_ID, E.COORDINATOR_NOT_AVAILABLE}
+        assert {c.node_id for c in built.coordinators if not c.error_code} == {1, 2}

@@ -35,6 +35,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService, prefix_range_end
@@ -167,34 +168,49 @@ async def live_nodes(client: Etcd3Client, prefix: str, *, timeout_s: float = 5.0
     return nodes, resp.header.revision
 
 
-class NodeWatcher:
-    """A live view of the registered nodes: ``nodes`` (node id -> address), ``revision`` (etcd
-    revision the view is at) and :meth:`changes`. ``await start()`` reads the range and starts
-    the watch; ``await close()`` stops it.
+class PrefixWatcher:
+    """A live view of the keys under one etcd prefix: ``view`` (key suffix -> decoded value;
+    values that do not decode are left out), ``revision`` (the etcd revision the view is at)
+    and :meth:`changes`. ``await start()`` reads the range and starts the watch; ``await
+    close()`` stops it.
 
     The watch starts at the read's revision + 1, so no change between the read and the watch is
     missed. If etcd cancels the watch (it was compacted past, e.g. after a long disconnection)
     or the watch fails in a way etcd3aio does not retry, the range is read again and the watch
     restarted from there (``relists`` counts these)."""
 
-    def __init__(self, client: Etcd3Client, prefix: str, *, timeout_s: float = 5.0,
-                 retry_s: float = 0.25) -> None:
+    def __init__(self, client: Etcd3Client, start: bytes, decode: Callable[[bytes], Any],
+                 *, timeout_s: float = 5.0, retry_s: float = 0.25, name: str = "etcd-watch") -> None:
         self.client = client
-        self.prefix = prefix
+        self.start_key = start
+        self.decode = decode
         self.timeout_s = timeout_s
         self.retry_s = retry_s
-        self.nodes: dict[str, NodeInfo] = {}
+        self.name = name
+        self.view: dict[str, Any] = {}
         self.revision = 0
         self.relists = 0
         self._changed = asyncio.Condition()
         self._version = 0
         self._task: asyncio.Task[None] | None = None
-        self.on_change: Callable[[dict[str, NodeInfo]], None] | None = None
+        self.on_change: Callable[[dict[str, Any]], None] | None = None
+
+    async def read(self) -> tuple[dict[str, Any], int]:
+        """The keys under the prefix now (decoded) and the revision of the read."""
+        resp = await self.client.kv.get(self.start_key, prefix_range_end(self.start_key),
+                                        timeout=self.timeout_s)
+        view = {}
+        skip = len(self.start_key)
+        for kv in resp.kvs:
+            value = self.decode(kv.value)
+            if value is not None:
+                view[_node_id(kv.key, skip)] = value
+        return view, resp.header.revision
 
     async def start(self) -> None:
-        nodes, revision = await live_nodes(self.client, self.prefix, timeout_s=self.timeout_s)
-        await self._publish(nodes, revision)
-        self._task = asyncio.create_task(self._run(), name="etcd-node-watch")
+        view, revision = await self.read()
+        await self._publish(view, revision)
+        self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -203,70 +219,83 @@ class NodeWatcher:
                 await self._task
             self._task = None
 
-    async def __aenter__(self) -> NodeWatcher:
+    async def __aenter__(self) -> Any:
         await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _publish(self, nodes: dict[str, NodeInfo], revision: int) -> None:
+    async def _publish(self, view: dict[str, Any], revision: int) -> None:
         self.revision = max(self.revision, revision)
-        if nodes == self.nodes and self._version:
+        if view == self.view and self._version:
             return
-        self.nodes = dict(nodes)
+        self.view = dict(view)
         self._version += 1
         if self.on_change is not None:
-            self.on_change(dict(nodes))
+            self.on_change(dict(view))
         async with self._changed:
             self._changed.notify_all()
 
-    async def changes(self) -> AsyncIterator[dict[str, NodeInfo]]:
+    async def changes(self) -> AsyncIterator[dict[str, Any]]:
         """The current view, then every new one (views between two reads may be skipped)."""
         seen = [0]
         while True:
             async with self._changed:
                 await self._changed.wait_for(lambda: self._version != seen[0])
                 seen[0] = self._version
-                view = dict(self.nodes)
+                view = dict(self.view)
             yield view
 
-    async def wait_for(self, condition: Callable[[dict[str, NodeInfo]], bool],
-                       timeout_s: float) -> dict[str, NodeInfo]:
+    async def wait_for(self, condition: Callable[[dict[str, Any]], bool],
+                       timeout_s: float) -> dict[str, Any]:
         """Wait until the view satisfies ``condition`` (TimeoutError after ``timeout_s``)."""
         async with asyncio.timeout(timeout_s), self._changed:
-            await self._changed.wait_for(lambda: condition(self.nodes))
-            return dict(self.nodes)
+            await self._changed.wait_for(lambda: condition(self.view))
+            return dict(self.view)
 
     async def _run(self) -> None:
-        start = nodes_prefix(self.prefix)
+        start = self.start_key
         skip = len(start)
         while True:
             try:
-                nodes = dict(self.nodes)
+                view = dict(self.view)
                 async for resp in self.client.watch.watch(start, prefix_range_end(start),
                                                           start_revision=self.revision + 1):
                     if resp.canceled or resp.compact_revision:
                         raise EtcdStoreError(f"watch cancelled (compacted to "
                                              f"{resp.compact_revision}): {resp.cancel_reason}")
                     for ev in resp.events:
-                        node = _node_id(ev.kv.key, skip)
-                        info = NodeInfo.decode(ev.kv.value) if ev.type == _PUT else None
-                        if info is None:
-                            nodes.pop(node, None)
+                        name = _node_id(ev.kv.key, skip)
+                        value = self.decode(ev.kv.value) if ev.type == _PUT else None
+                        if value is None:
+                            view.pop(name, None)
                         else:
-                            nodes[node] = info
-                    await self._publish(nodes, resp.header.revision)
+                            view[name] = value
+                    await self._publish(view, resp.header.revision)
                 raise EtcdStoreError("watch stream ended")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 (relist and watch again)
-                log.warning("node watch interrupted (%r); reading the node list again", exc)
+                log.warning("%s interrupted (%r); reading the range again", self.name, exc)
                 await asyncio.sleep(self.retry_s)
                 with contextlib.suppress(Exception):
-                    nodes, revision = await live_nodes(self.client, self.prefix,
-                                                       timeout_s=self.timeout_s)
+                    view, revision = await self.read()
                     self.relists += 1
-                    await self._publish(nodes, revision)
+                    await self._publish(view, revision)
                     self.revision = revision  # the watch restarts right after this read
 
+
+class NodeWatcher(PrefixWatcher):
+    """A live view of the registered nodes: ``nodes`` (node id -> address); see
+    :class:`PrefixWatcher`."""
+
+    def __init__(self, client: Etcd3Client, prefix: str, *, timeout_s: float = 5.0,
+                 retry_s: float = 0.25) -> None:
+        super().__init__(client, nodes_prefix(prefix), NodeInfo.decode, timeout_s=timeout_s,
+                         retry_s=retry_s, name="etcd-node-watch")
+        self.prefix = prefix
+
+    @property
+    def nodes(self) -> dict[str, NodeInfo]:
+        return self.view

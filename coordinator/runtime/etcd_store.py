@@ -7,8 +7,10 @@ that reads only the live state. docs/etcd.md has the design and the measurements
 
 Keys (``prefix`` is ``etcd.prefix``, e.g. ``/connect-coordinator``)::
 
-    {prefix}/partitions/{N}/owner      the owner: JSON {"node": ..., "lease": ...}, put with the
-                                       owning node's lease (gone when the lease expires)
+    {prefix}/owners/{N}                the owner: JSON {"node": ..., "lease": ...}, put with the
+                                       owning node's lease (gone when the lease expires); apart
+                                       from the records so that the nodes can watch every
+                                       owner without seeing every write
     {prefix}/partitions/{N}/r/<key>    one key per live record key: <key> is the record's key
                                        bytes (coordinator.runtime.serde), the etcd value is
                                        uvarint(position in its transaction) + the record's value
@@ -211,6 +213,14 @@ def partition_prefix(prefix: str, partition: int) -> bytes:
     return f"{prefix.rstrip('/')}/partitions/{partition}/".encode()
 
 
+def owners_prefix(prefix: str) -> bytes:
+    return f"{prefix.rstrip('/')}/owners/".encode()
+
+
+def owner_key(prefix: str, partition: int) -> bytes:
+    return owners_prefix(prefix) + str(partition).encode()
+
+
 def _uvarint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -388,7 +398,7 @@ class EtcdPartitionStore:
         self.commit_timeout_s = commit_timeout_s
         self.page_keys = page_keys
         self._base = partition_prefix(prefix, partition)
-        self.owner_key = self._base + b"owner"
+        self.owner_key = owner_key(prefix, partition)
         self.records_prefix = self._base + b"r/"
         self._pending: list[_Txn] = []
         self._position_width = _uvarint_len(max(0, max_txn_ops - 1))
@@ -427,13 +437,12 @@ class EtcdPartitionStore:
         if max_request_bytes <= REQUEST_OVERHEAD_BYTES:
             raise ValueError(f"max_request_bytes must be > {REQUEST_OVERHEAD_BYTES}")
         lease_id = lease.id if isinstance(lease, NodeLease) else lease
-        base = partition_prefix(prefix, partition)
-        owner_key = base + b"owner"
+        key = owner_key(prefix, partition)
         value = json.dumps({"node": node_id, "lease": f"{lease_id:x}"}).encode()
         resp = await client.kv.txn(
-            [KVService.txn_compare_create_revision(owner_key, 0)],
-            [KVService.txn_op_put(owner_key, value, lease=lease_id)],
-            [KVService.txn_op_get(owner_key)],
+            [KVService.txn_compare_create_revision(key, 0)],
+            [KVService.txn_op_put(key, value, lease=lease_id)],
+            [KVService.txn_op_get(key)],
             timeout=commit_timeout_s, max_attempts=1,
         )
         if resp.succeeded:

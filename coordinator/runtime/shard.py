@@ -57,6 +57,9 @@ from coordinator.runtime.log import (
 log = logs.get("coordinator.shard")
 
 LOADING, ACTIVE, FAILED, CLOSED = "loading", "active", "failed", "closed"
+UNOWNED = "unowned"
+"""Several nodes (store=etcd): this node does not own the partition (not acquired, handed
+over, or deposed): NOT_COORDINATOR."""
 LOAD_CONTENT_ERRORS = (BehindRecoveryPoint, ReplayError, serde.CorruptRecord)
 """What a load raises because of what the log holds (not an I/O error): the partition is failed,
 the corruption counted, and nothing is served rolled back; retrying cannot help."""
@@ -119,6 +122,10 @@ class ShardStats:
 
 
 class Shard:
+    heartbeat_error: Callable[[Any, int, str], Any] | None = None
+    """Builds a heartbeat's error response (set by the server); a parked heartbeat answered
+    after the node stopped serving the partition gets one (store=etcd)."""
+
     def __init__(
         self,
         partition: int,
@@ -245,6 +252,10 @@ class Shard:
         for key in list(self._parked):
             self._release_parked(key)
         self._cancel_timers()
+        await self._close_storage()
+
+    async def _close_storage(self) -> None:
+        """After the last commit of a graceful close: make everything durable, close the log."""
         if self.log is not None:
             try:
                 self.log.sync()
@@ -252,7 +263,15 @@ class Shard:
                 self.log.close()
 
     # -- submitting events ------------------------------------------------------------------------
+    def serving(self) -> bool:
+        """Whether this node may answer for the partition right now (always, on the file store;
+        on etcd: while the node's lease is certainly valid, see EtcdShard)."""
+        return True
+
     def check_available(self) -> None:
+        if not self.serving():
+            raise ShardUnavailable(ErrorCode.NOT_COORDINATOR,
+                                   f"this node no longer serves partition {self.partition}")
         if self.state == LOADING:
             raise ShardUnavailable(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                    f"partition {self.partition} is loading")
@@ -262,6 +281,9 @@ class Shard:
         if self.state == CLOSED:
             raise ShardUnavailable(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                    "the coordinator is shutting down")
+        if self.state == UNOWNED:
+            raise ShardUnavailable(ErrorCode.NOT_COORDINATOR,
+                                   f"this node does not own partition {self.partition}")
 
     def _submit(self, event: _Event) -> None:
         self.queue.put_nowait(event)
@@ -291,7 +313,7 @@ class Shard:
         so answering now keeps both "reads see committed state" and the partition's event
         order. Returns the response, or a future if the heartbeat was parked (long poll).
         """
-        if self._busy or self.state != ACTIVE or self.queue.qsize():
+        if self._busy or self.state != ACTIVE or self.queue.qsize() or not self.serving():
             return None
         steady = self.core.steady_heartbeat(req, now_ms(), ctx)
         if steady is None:
@@ -341,15 +363,19 @@ class Shard:
                 if result is not None:
                     pending.append((ev, result))
             await self._commit(pending)
-            if self.log is not None and self.log.failed is not None:
+            if self._storage_failed():
                 await self._reload()
-                if self.state == FAILED:
+                if self.state in (FAILED, UNOWNED):
                     return
             self._busy = False
             self.stats.busy_s += time.monotonic() - started
             elapsed = time.monotonic() - self.stats.started
             if elapsed > 0:
                 self._idle_gauge.set(max(0.0, 1.0 - self.stats.busy_s / elapsed))
+
+    def _storage_failed(self) -> bool:
+        """The store's state is unknown after a failed write: reload before serving again."""
+        return self.log is not None and self.log.failed is not None
 
     async def _reload(self) -> None:
         """The log could not even cut itself back after a failed write: its end on disk is
@@ -437,8 +463,7 @@ class Shard:
         if result.records:
             started = time.monotonic()
             try:
-                assert self.log is not None
-                self.log.append([serde.encode_record(r) for r in result.records], now)
+                self._append([serde.encode_record(r) for r in result.records], now)
             except BatchTooLarge as exc:  # nothing was written; retrying cannot help
                 self.core.rollback(result)
                 self._refuse_oversize(ev, exc)
@@ -451,6 +476,11 @@ class Shard:
                 return None
             self.metrics.log_append_seconds.observe(time.monotonic() - started)
         return result
+
+    def _append(self, records: list[tuple[bytes, bytes | None]], now: int) -> None:
+        """Write one request's records (atomic) to the store, not yet durable."""
+        assert self.log is not None
+        self.log.append(records, now)
 
     def _fail_event(self, ev: _Event, code: int, message: str) -> None:
         if ev.future is None:
@@ -468,23 +498,15 @@ class Shard:
         if not pending:
             return
         wrote = any(result.records for _, result in pending)
-        if wrote and self.log is not None:
-            now = now_ms()
-            if self.fsync.sync_before_release or self.fsync.sync_due(now, self._last_sync_ms):
-                started = time.monotonic()
-                try:
-                    await asyncio.to_thread(self.log.sync)
-                except Exception as exc:
-                    # The log cut itself back to its durable offset: undo every pending result.
-                    log.error("log fsync failed", partition=self.partition, error=repr(exc))
-                    for ev, result in reversed(pending):
-                        self.core.rollback(result)
-                        self._fail_event(ev, ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                         f"could not sync the coordinator log: {exc}")
-                    return
-                self._last_sync_ms = now
-                self.metrics.log_fsync_seconds.observe(time.monotonic() - started)
-            self._bytes_gauge.set(self.log.size_bytes)
+        if wrote and not await self._make_durable(pending):
+            return
+        if not self.serving():
+            # Several nodes: the lease ran short while the commit was in flight (e.g. the node
+            # was frozen): what was committed is the new owner's to report; answer nothing here.
+            for ev, _result in pending:
+                self._fail_event(ev, ErrorCode.NOT_COORDINATOR,
+                                 f"this node no longer serves partition {self.partition}")
+            return
         wake: set[tuple[str, str]] = set()
         for ev, result in pending:
             self._apply_timers(result)
@@ -504,6 +526,32 @@ class Shard:
             wake = sorted(wake, key=lambda key: (not must_revoke(*key), key))  # type: ignore[assignment]
         for key in wake:
             self._refresh_parked(key)
+
+    async def _make_durable(self, pending: list[tuple[_Event, Result]]) -> bool:
+        """Make the appended records durable (the fsync policy); False: they are not, every
+        pending result was rolled back and its event answered."""
+        if self.log is None:
+            return True
+        now = now_ms()
+        if self.fsync.sync_before_release or self.fsync.sync_due(now, self._last_sync_ms):
+            started = time.monotonic()
+            try:
+                await asyncio.to_thread(self.log.sync)
+            except Exception as exc:
+                # The log cut itself back to its durable offset: undo every pending result.
+                log.error("log fsync failed", partition=self.partition, error=repr(exc))
+                self._roll_back(pending, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                f"could not sync the coordinator log: {exc}")
+                return False
+            self._last_sync_ms = now
+            self.metrics.log_fsync_seconds.observe(time.monotonic() - started)
+        self._bytes_gauge.set(self.log.size_bytes)
+        return True
+
+    def _roll_back(self, pending: list[tuple[_Event, Result]], code: int, message: str) -> None:
+        for ev, result in reversed(pending):
+            self.core.rollback(result)
+            self._fail_event(ev, code, message)
 
     # -- timers -----------------------------------------------------------------------------------
     def _apply_timers(self, result: Result) -> None:
@@ -618,6 +666,10 @@ class Shard:
         if parked.handle is not None:
             parked.handle.cancel()
         self.metrics.parked.dec()
+        if not self.serving() and self.heartbeat_error is not None:
+            # Several nodes: a node whose lease ran short answers nothing from its state.
+            response = self.heartbeat_error(parked.request, ErrorCode.NOT_COORDINATOR,
+                                            f"this node no longer serves partition {self.partition}")
         if not parked.future.done():
             parked.future.set_result(response)
 

@@ -38,7 +38,7 @@ from coordinator.group.coordinator import RequestContext
 from coordinator.metrics import Metrics
 from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
-from coordinator.runtime.shard import ACTIVE, FAILED, Shard, ShardUnavailable
+from coordinator.runtime.shard import ACTIVE, FAILED, UNOWNED, Shard, ShardUnavailable
 from coordinator.server import kafka_apis
 from coordinator.server.connection import Connection
 
@@ -139,10 +139,11 @@ class Router:
             if refused is not None:
                 return self._gather(refused)
         if api_key == ApiKey.METADATA:
-            return kafka_apis.metadata(APIS[api_key].response_class(version), req, *s.advertised)
+            return kafka_apis.metadata(APIS[api_key].response_class(version), req,
+                                       s.brokers(), s.controller_id())
         if api_key == ApiKey.FIND_COORDINATOR:
             found = kafka_apis.find_coordinator(APIS[api_key].response_class(version), req,
-                                                version, *s.advertised)
+                                                version, s.locate)
             return self._gather(found) if asyncio.iscoroutine(found) else found
         if api_key == ApiKey.LIST_GROUPS:
             return self._list_groups(APIS[api_key].response_class(version), req)
@@ -226,10 +227,13 @@ class Router:
             groups: list[tuple[str, str]] = []
             error = 0
             for shard in self.server.shards:
+                if shard.state == UNOWNED:
+                    continue  # several nodes: another node lists it (as Kafka's brokers do)
                 try:
                     groups += await shard.read(lambda core: core.list_groups())
                 except ShardUnavailable as exc:
-                    error = exc.code
+                    if exc.code != ErrorCode.NOT_COORDINATOR or shard.state == FAILED:
+                        error = exc.code
             # The error goes into the one build: rebuilding the response from its own fields
             # fed a parsed timedelta back into build() (TypeError; v0 has no throttle at all).
             return kafka_apis.list_groups(cls, req, groups, error)
@@ -260,6 +264,7 @@ class CoordinatorServer:
         # group.max.groups counts the groups of every partition (a new group is checked, then
         # created, within one handler on this one event loop: no other shard runs in between).
         group_config = dataclasses.replace(config.group_config(), group_count=self.group_count)
+        self.group_config = group_config
         self.heartbeat_interval_ms = group_config.heartbeat_interval_ms
         self.max_frame_bytes = config["socket.max.frame.bytes"]
         self.max_request_items = config["request.max.items"]
@@ -277,15 +282,31 @@ class CoordinatorServer:
         self.idle_timeout_s = config["socket.idle.timeout.ms"] / 1000
         data_dir = Path(config["data.dir"])
         self.data_dir = data_dir
-        self.shards = [
-            Shard(p, data_dir, group_config, self.metrics, fsync=config.fsync,
-                  segment_bytes=config["log.segment.bytes"],
-                  compaction_interval_ms=config["log.compaction.interval.ms"],
-                  tombstone_retention_ms=config["log.tombstone.retention.ms"],
-                  roll_min_bytes=config["log.roll.min.bytes"],
-                  roll_dirty_percent=config["log.roll.dirty.percent"])
-            for p in range(config["partitions"])
-        ]
+        self.cluster: Any = None
+        """store=etcd: the ClusterNode (coordinator.cluster.node); None on the file store."""
+        self.shards: list[Any]
+        if config["store"] == "etcd":
+            try:
+                from coordinator.cluster.node import ClusterNode
+                from coordinator.runtime.etcd_shard import UnownedShard
+            except ImportError as exc:
+                raise ConfigError(
+                    f"store=etcd needs the etcd client: pip install 'connect-coordinator[etcd]' "
+                    f"({exc})") from None
+            self.cluster = ClusterNode(self, config)
+            self.shards = [UnownedShard(p, group_config) for p in range(config["partitions"])]
+        else:
+            self.shards = [
+                Shard(p, data_dir, group_config, self.metrics, fsync=config.fsync,
+                      segment_bytes=config["log.segment.bytes"],
+                      compaction_interval_ms=config["log.compaction.interval.ms"],
+                      tombstone_retention_ms=config["log.tombstone.retention.ms"],
+                      roll_min_bytes=config["log.roll.min.bytes"],
+                      roll_dirty_percent=config["log.roll.dirty.percent"])
+                for p in range(config["partitions"])
+            ]
+            for shard in self.shards:
+                shard.heartbeat_error = self.heartbeat_error
         self.router = Router(self)
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
@@ -314,6 +335,25 @@ class CoordinatorServer:
         host, port = self.bound
         return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else host, port)
 
+    def heartbeat_error(self, req: Any, code: int, message: str) -> Any:
+        return Router._hb_error(req, self.heartbeat_interval_ms)(code, message)
+
+    # -- discovery (Metadata, FindCoordinator) ----------------------------------------------------
+    def brokers(self) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every live node: this one on the file store."""
+        if self.cluster is not None:
+            return self.cluster.live_nodes()
+        return [(kafka_apis.NODE_ID, *self.advertised)]
+
+    def controller_id(self) -> int:
+        return self.cluster.controller_id() if self.cluster is not None else kafka_apis.NODE_ID
+
+    def locate(self, group_id: str) -> tuple[int, str, int] | None:
+        """The node coordinating ``group_id``: the owner of its partition (None: nobody now)."""
+        if self.cluster is not None:
+            return self.cluster.locate(partition_for(group_id, len(self.shards)))
+        return (kafka_apis.NODE_ID, *self.advertised)
+
     def group_count(self) -> int:
         """Groups hosted by every partition (loaded ones; ``group.max.groups`` counts these)."""
         return sum(len(shard.core.state.groups) for shard in self.shards)
@@ -325,8 +365,8 @@ class CoordinatorServer:
             for group_id, g in list(shard.core.state.groups.items()):
                 yield group_id, g.state.value, len(g.members)
 
-    def _partition_states(self) -> None:
-        counts = {"loading": 0, "active": 0, "failed": 0}
+    def partition_states(self) -> None:
+        counts = {"loading": 0, "active": 0, "failed": 0, "unowned": 0}
         for shard in self.shards:
             if shard.state in counts:
                 counts[shard.state] += 1
@@ -390,7 +430,9 @@ class CoordinatorServer:
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        if self.cluster is not None:
+            await self._start_cluster()
+            return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # Before anything is written or recovered, and before listening: one daemon per data dir.
         self._lock = datadir.lock_data_dir(self.data_dir)
@@ -401,9 +443,23 @@ class CoordinatorServer:
             raise StartupError(str(exc)) from None
         for shard in self.shards:
             shard.recovery_point = self.recovery_points.get(shard.partition, 0)
+        await self._listen()
+        self.partition_states()
+        await asyncio.gather(*(shard.load() for shard in self.shards))
+        self.partition_states()
+        if all(shard.state == FAILED for shard in self.shards):
+            reasons = "; ".join(f"partition {s.partition}: {s.failure}" for s in self.shards)
+            raise StartupError(f"no partition of {self.data_dir} could be loaded: {reasons}")
+        self._loaded = True
+        await self._write_checkpoint()  # the recovered ends are durable (open() fsyncs them)
+        self._checkpointer = asyncio.create_task(self._checkpoint_loop())
+        self._reaper = asyncio.create_task(self._reap_idle())
+        self._lag_probe = asyncio.create_task(self._probe_loop_lag())
+
+    async def _listen(self) -> None:
         host, port = self.config.listen
-        self._server = await loop.create_server(lambda: Connection(self), host, port,
-                                                reuse_address=True)
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: Connection(self), host, port, reuse_address=True)
         sock = self._server.sockets[0].getsockname()
         self.bound = (sock[0], sock[1])
         metrics_listen = self.config.metrics_listen
@@ -412,15 +468,13 @@ class CoordinatorServer:
                                                 registry=self.metrics.registry)
             self._metrics_server = server
             self.metrics_bound = (metrics_listen[0], server.server_port)
-        self._partition_states()
-        await asyncio.gather(*(shard.load() for shard in self.shards))
-        self._partition_states()
-        if all(shard.state == FAILED for shard in self.shards):
-            reasons = "; ".join(f"partition {s.partition}: {s.failure}" for s in self.shards)
-            raise StartupError(f"no partition of {self.data_dir} could be loaded: {reasons}")
-        self._loaded = True
-        await self._write_checkpoint()  # the recovered ends are durable (open() fsyncs them)
-        self._checkpointer = asyncio.create_task(self._checkpoint_loop())
+
+    async def _start_cluster(self) -> None:
+        """store=etcd: no data dir; listen (partitions answer NOT_COORDINATOR until acquired),
+        then join the cluster: the placement loop acquires this node's share."""
+        await self._listen()
+        self.partition_states()
+        await self.cluster.start()
         self._reaper = asyncio.create_task(self._reap_idle())
         self._lag_probe = asyncio.create_task(self._probe_loop_lag())
 
@@ -474,6 +528,10 @@ class CoordinatorServer:
         host, port = self.bound
         metrics = (f"http://{self.metrics_bound[0]}:{self.metrics_bound[1]}/metrics"
                    if self.metrics_bound else "off")
+        if self.cluster is not None:
+            return (f"connect-coordinator listening on {host}:{port} (metrics {metrics}, "
+                    f"data etcd {','.join(self.cluster.endpoints)} prefix {self.cluster.prefix} "
+                    f"node {self.cluster.node_id}, {len(self.shards)} partitions)")
         return (f"connect-coordinator listening on {host}:{port} (metrics {metrics}, "
                 f"data {self.data_dir}, {len(self.shards)} partitions)")
 
@@ -495,6 +553,12 @@ class CoordinatorServer:
         deadline = time.monotonic() + grace_s
         if self._checkpointer is not None:
             self._checkpointer.cancel()
+        if self.cluster is not None:
+            # Leave, hand every partition over (commit, answer, release), revoke the lease.
+            try:
+                await self.cluster.stop()
+            except Exception as exc:  # noqa: BLE001 (the lease's TTL frees what is left)
+                log.error("leaving the cluster failed", error=repr(exc))
         await asyncio.gather(*(shard.close() for shard in self.shards), return_exceptions=True)
         if self._loaded:  # every log is synced and closed: claim where each one ends
             try:
@@ -548,7 +612,15 @@ async def run(config: ServerConfig, ready: Callable[[str], None] | None = None) 
         await server.stop()
 
 
+class NodeIdTaken(Exception):  # stands in when the etcd extra is not installed
+    pass
+
+
 def main_serve(config: ServerConfig) -> int:
+    global NodeIdTaken
+    if config["store"] == "etcd":
+        with contextlib.suppress(ImportError):
+            from coordinator.cluster.registry import NodeIdTaken
     loop_name = install_loop()
     logs.configure(config["log.format"], config["log.level"])
     log.info("event loop", loop=loop_name)
@@ -556,6 +628,9 @@ def main_serve(config: ServerConfig) -> int:
         asyncio.run(run(config))
     except ConfigError as exc:  # e.g. a --partitions that does not match the data dir
         print(f"connect-coordinator: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except NodeIdTaken as exc:  # store=etcd: another live node has this node.id
+        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
         return 2
     except datadir.DataDirLocked as exc:  # another daemon holds the data dir
         print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)

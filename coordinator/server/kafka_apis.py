@@ -101,7 +101,12 @@ def api_versions(version: int, error: int = 0) -> Any:
     })
 
 
-def metadata(cls: type, request: Any, host: str, port: int) -> Any:
+Node = tuple[int, str, int]
+"""(node id, host, port) of a coordinator node."""
+
+
+def metadata(cls: type, request: Any, brokers: list[Node], controller_id: int = NODE_ID) -> Any:
+    """Every live coordinator node as a broker (one on the file store)."""
     requested = getattr(request, "topics", None) or ()
     version = cls.__version__
     # Kafka (KafkaApis.handleTopicMetadataRequest): topic names cannot be null before v12 (the
@@ -123,16 +128,25 @@ def metadata(cls: type, request: Any, host: str, port: int) -> Any:
                        "is_internal": False, "partitions": []})
     return build(cls, {
         "throttle_time": 0,
-        "brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+        "brokers": [{"node_id": n, "host": h, "port": p, "rack": None} for n, h, p in brokers],
         "cluster_id": CLUSTER_ID,
-        "controller_id": NODE_ID,
+        "controller_id": controller_id,
         "topics": topics,
         "cluster_authorized_operations": -2147483648,
     })
 
 
-def find_coordinator(cls: type, request: Any, version: int, host: str, port: int) -> Any:
-    def answer(key: str, key_type: int, empty: bool | None = None) -> dict[str, Any]:
+def find_coordinator(cls: type, request: Any, version: int,
+                     locate: Callable[[str], Node | None]) -> Any:
+    """``locate(group_id)``: the node coordinating the group now, None while nobody does
+    (COORDINATOR_NOT_AVAILABLE, retriable: a partition moving between nodes)."""
+    def unavailable(key: str) -> dict[str, Any]:
+        return {"key": key, "node_id": -1, "host": "", "port": -1,
+                "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                "error_message": "no coordinator node owns this group's partition right now"}
+
+    def answer(key: str, key_type: int, empty: bool | None = None,
+               node: Node | None | bool = True) -> dict[str, Any]:
         if key_type != 0:
             return {"key": key, "node_id": -1, "host": "", "port": -1,
                     "error_code": ErrorCode.INVALID_REQUEST,
@@ -140,7 +154,12 @@ def find_coordinator(cls: type, request: Any, version: int, host: str, port: int
         if (not key) if empty is None else empty:
             return {"key": key, "node_id": -1, "host": "", "port": -1,
                     "error_code": ErrorCode.INVALID_GROUP_ID, "error_message": "empty group id"}
-        return {"key": key, "node_id": NODE_ID, "host": host, "port": port,
+        if node is True:
+            node = locate(key)
+        if node is None or node is False:
+            return unavailable(key)
+        node_id, host, port = node
+        return {"key": key, "node_id": node_id, "host": host, "port": port,
                 "error_code": 0, "error_message": None}
 
     key_type = getattr(request, "key_type", 0)
@@ -149,13 +168,17 @@ def find_coordinator(cls: type, request: Any, version: int, host: str, port: int
         if len(keys) > SPLICE_MIN:
             # Many keys: spliced, a chunk per event-loop turn (a coroutine; building 10,000
             # entries took 0.1-0.3 s in one callback).
-            def make(key: str, empty: bool | None = None) -> Any:
+            def make(key: str, empty: bool | None = None, node: Any = True) -> Any:
                 return build(cls, {"throttle_time": 0,
-                                   "coordinators": [answer(key, key_type, empty)]})
+                                   "coordinators": [answer(key, key_type, empty, node)]})
             if key_type != 0:
                 return refuse_items_async(make, "coordinators", keys, 0)
-            return refuse_items_async(make, "coordinators", keys, 0, variants={
-                True: lambda k: make(k, False), False: lambda k: make(k, True)}, pick=bool)
+
+            def pick(key: str) -> Any:  # (non-empty, the node), one entry shape per pair
+                return (False, None) if not key else (True, locate(key))
+            return refuse_items_async(make, "coordinators", keys, 0, variants=_Lazy(
+                lambda tag: lambda k: make(k, not tag[0], tag[1] if tag[0] else None)),
+                pick=pick)
         return build(cls, {"throttle_time": 0, "coordinators": [
             answer(k, key_type) for k in keys]})
     one = answer(request.key, key_type)
@@ -272,6 +295,18 @@ REFUSE_CHUNK = 20_000
 """Keys spliced per event-loop turn by :func:`refuse_items_async` (~10 ms)."""
 
 
+class _Lazy(dict):  # type: ignore[type-arg]
+    """A dict whose missing entries are made by ``make(key)`` (and kept)."""
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key: Any) -> Any:
+        value = self[key] = self._make(key)
+        return value
+
+
 async def refuse_items_async(make: Callable[[str], Any], items_field: str, keys: Any, code: int,
                              make_first: Callable[[str], Any] | None = None,
                              variants: dict[Any, Callable[[str], Any]] | None = None,
@@ -287,13 +322,17 @@ async def refuse_items_async(make: Callable[[str], Any], items_field: str, keys:
     the response)."""
     before, head, tail, after, flexible = _splice(make, items_field)
     if variants is not None and pick is not None:
-        cuts = {tag: _splice(m, items_field)[1:3] for tag, m in variants.items()}
+        cuts: dict[Any, tuple[bytes, bytes]] = {}  # a variant's cut, made when first needed
         keys = list(keys)
         parts = [before, _count(len(keys), flexible)]
         for at in range(0, len(keys), REFUSE_CHUNK):
             chunk = []
             for k in keys[at:at + REFUSE_CHUNK]:
-                h, t = cuts[pick(k)]
+                tag = pick(k)
+                cut = cuts.get(tag)
+                if cut is None:
+                    cut = cuts[tag] = _splice(variants[tag], items_field)[1:3]
+                h, t = cut
                 chunk.append(h + _string(k, flexible) + t)
             parts.append(b"".join(chunk))
             await asyncio.sleep(0)
