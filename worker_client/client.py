@@ -127,7 +127,7 @@ class CoordinatorClient:
     def __init__(
         self, bootstrap: Sequence[tuple[str, int]], group_id: str, client_id: str = "connect-worker",
         request_timeout_ms: int = 30_000, backoff_ms: int = 100, max_backoff_ms: int = 1_000,
-        connect_timeout_ms: int = 2_000,
+        connect_timeout_ms: int = 2_000, discovery_timeout_ms: int = 2_000,
     ) -> None:
         # max_backoff_ms: was 5,000; a 3 s coordinator restart got a retry scheduled 4.1 s out
         # and the worker's session ran out first (issue 12). 1 s (Kafka's
@@ -143,6 +143,10 @@ class CoordinatorClient:
         self.backoff_ms = backoff_ms
         self.max_backoff_ms = max_backoff_ms
         self.connect_timeout_s = min(connect_timeout_ms, request_timeout_ms) / 1000
+        # discovery_timeout_ms: FindCoordinator is answered from memory at once; a node that
+        # accepts connections but does not answer (frozen, SIGSTOP) held the worker for the
+        # whole request timeout (30 s) before it asked the next address (issue 12).
+        self.discovery_timeout_s = min(discovery_timeout_ms, request_timeout_ms) / 1000
         self.coordinator: tuple[str, int] | None = None
         self._heartbeat: KrpcConnection | None = None
         self._control: KrpcConnection | None = None
@@ -162,7 +166,7 @@ class CoordinatorClient:
                 await conn.open(self.connect_timeout_s)
                 resp = await conn.request(
                     FindCoordinatorRequest(key_type=0, coordinator_keys=(self.group_id,)),
-                    self.request_timeout_s)
+                    self.discovery_timeout_s)
             except ConnectionFailed as exc:
                 last = exc
                 continue
@@ -190,12 +194,16 @@ class CoordinatorClient:
                 self._control = conn
             return conn
 
-    async def send(self, request: Any, which: str = "control", extra_timeout_s: float = 0.0) -> Any:
+    async def send(self, request: Any, which: str = "control", extra_timeout_s: float = 0.0,
+                   timeout_s: float | None = None) -> Any:
         """Send on the heartbeat or control connection. Raises ConnectionFailed (the caller
-        retries after :meth:`backoff_s`); an error code in the response is the caller's."""
+        retries after :meth:`backoff_s`); an error code in the response is the caller's.
+        ``timeout_s`` (default: the request timeout) plus ``extra_timeout_s`` bounds the wait
+        for the answer; a timeout closes the connection and forgets the coordinator."""
+        base = self.request_timeout_s if timeout_s is None else min(timeout_s, self.request_timeout_s)
         try:
             conn = await self._connection(which)
-            resp = await conn.request(request, self.request_timeout_s + extra_timeout_s)
+            resp = await conn.request(request, base + extra_timeout_s)
         except ConnectionFailed:
             self._failures += 1
             self.coordinator = None  # rediscover: it may have moved

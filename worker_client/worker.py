@@ -68,6 +68,7 @@ from worker_client.assignors import (
 from worker_client.client import ConnectionFailed, CoordinatorClient
 from worker_client.failstop import FAIL_STOP_EXIT, FailStopGuard, exit_process
 from worker_client.membership import (
+    RETRY,
     Assign,
     AssignorAd,
     Compute,
@@ -230,6 +231,15 @@ class Worker:
         return max(100, self.config.rebalance_timeout_ms // 2)
 
     @property
+    def heartbeat_answer_budget_s(self) -> float:
+        """How long a heartbeat's answer may take beyond its MaxWaitMs before the connection is
+        given up and the coordinator looked up again: a fifth of the session timeout (1-30 s).
+        A coordinator node that stops answering without closing the connection (frozen, or
+        cut off) used to hold the heartbeat for the whole request timeout (30 s), past the
+        session; now the worker asks another node in time (issue 12)."""
+        return min(self.config.request_timeout_ms, max(1000, self.config.session_timeout_ms // 5)) / 1000
+
+    @property
     def stop_deadline_s(self) -> float:
         return self.stop_budget_ms / 1000
 
@@ -238,6 +248,24 @@ class Worker:
         """The lease backstop fires this much before the coordinator's hold can end, for the
         exit itself to complete (at most 100 ms, a tenth of the budget)."""
         return min(100, self.stop_budget_ms // 10)
+
+    def _retry_delay_ms(self, delay_ms: int) -> int:
+        """The wait before the next heartbeat after a failed one (``delay_ms``: the client's
+        backoff, or Membership's retry after a retriable error), but never more than a quarter
+        of what is left of the session lease (nor less than half the client's base backoff):
+        retries get denser as the lease runs out, so a coordinator back just before it ends is
+        reached in time. Fix (issue 12): a long poll's lease runs from the send time of the
+        heartbeat answered before it, so a coordinator killed just before answering one left
+        the worker 10 - 2 x 3 = 4 s of lease with the defaults; a 3 s restart (3.3 s down with
+        start-up) plus a retry scheduled up to 1 s out self-fenced the worker (about 1 time in
+        10 in the worst phase by the backoff's distribution; every time with 4 s down)."""
+        m = self.membership
+        if m.last_success_ms is None:
+            return delay_ms
+        left = m.last_success_ms + m.session_timeout_ms - now_ms()
+        if left <= 0:
+            return delay_ms  # the lease is over (the watchdog fences): the plain backoff
+        return min(delay_ms, max(left // 4, self.client.backoff_ms // 2))
 
     @property
     def failed_stop(self) -> str | None:
@@ -290,8 +318,9 @@ class Worker:
                     continue
                 req = m.heartbeat_request(now, keepalive=busy)
                 gen = self._lost_gen
-                self._inflight = asyncio.create_task(
-                    self.client.send(req, "heartbeat", extra_timeout_s=req.max_wait_ms / 1000))
+                self._inflight = asyncio.create_task(self.client.send(
+                    req, "heartbeat", extra_timeout_s=req.max_wait_ms / 1000,
+                    timeout_s=self.heartbeat_answer_budget_s))
                 try:
                     resp = await self._inflight
                 except (ConnectionFailed, asyncio.CancelledError) as exc:
@@ -300,10 +329,10 @@ class Worker:
                         raise  # Fix: run() itself was cancelled; this used to be swallowed
                     if self._stop.is_set() or self._failed_stop is not None:
                         continue
-                    backoff = self.client.backoff_s()
+                    backoff_ms = self._retry_delay_ms(int(self.client.backoff_s() * 1000))
                     log.info("heartbeat failed; retrying", error=str(exc) or "cancelled",
-                             retry_in_ms=int(backoff * 1000))
-                    m.on_failure(now_ms(), int(backoff * 1000))
+                             retry_in_ms=backoff_ms)
+                    m.on_failure(now_ms(), backoff_ms)
                     continue
                 finally:
                     self._inflight = None
@@ -320,6 +349,9 @@ class Worker:
                         self._pending.append(action)  # in order, one at a time (above)
                     else:
                         await self._act(action)  # Lost (at once), Compute (background), Fatal
+                if resp.error_code in RETRY:  # (retried after min(interval, 1 s)): within the lease
+                    now = now_ms()
+                    m.next_heartbeat_ms = now + self._retry_delay_ms(max(0, m.next_heartbeat_ms - now))
                 self._observe()
         finally:
             watchdog.cancel()

@@ -1,0 +1,329 @@
+"""Issue 12 end to end: several coordinator nodes on a real etcd, real worker processes.
+
+Every test runs real ``connect-coordinator serve --store etcd`` processes (three nodes, their
+own ports kept across restarts) against the real etcd of ``tests/etcd_fixture.py`` (each test
+under its own ``etcd.prefix``), and two real ``connect-worker`` processes running the recording
+plugin (ticking every 50 ms), bootstrapped with every node's address. What is checked comes
+from the plugin's records: no item ever ran on two workers at once, and no instance was stopped
+or started again during the coordinator's trouble (the workers ride through it). Lease TTL 2 s,
+the workers' session 10 s (the coordinator's default).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connect_wire.errors import ErrorCode
+from connect_wire.messages import (
+    ConnectGroupDescribeRequest,
+    ConnectGroupHeartbeatRequest,
+)
+from coordinator.admin import AdminClient
+from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli
+from tests.etcd_fixture import etcd_endpoint, etcd_server, free_port  # noqa: F401 (fixtures)
+from tests.test_worker_e2e import Timeline, analyze
+
+PLUGIN = "worker_client.examples.recording:RecordingConnector"
+GROUP = "busy"
+SESSION_MS = 10_000
+NODE_ENV = {
+    "CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": str(SESSION_MS),
+    "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "500",
+    "CONNECT_COORDINATOR_ETCD_LEASE_TTL_MS": "2000",
+    "CONNECT_COORDINATOR_ETCD_LEASE_MARGIN_MS": "500",
+}
+
+
+class Cluster:
+    """Three coordinator nodes (ids 1-3) on one etcd prefix, workers, the plugin's records."""
+
+    def __init__(self, base: Path, pool: DaemonPool, endpoint: str, prefix: str,
+                 nodes: int = 3, partitions: int = 6) -> None:
+        self.base, self.pool, self.endpoint, self.prefix = base, pool, endpoint, prefix
+        self.partitions = partitions
+        self.ports = {i: free_port() for i in range(1, nodes + 1)}
+        self.nodes: dict[int, Daemon] = {}
+        self.records = base / "records.jsonl"
+        self.records.touch()
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.ended: dict[int, tuple[float, str]] = {}
+
+    # -- coordinator nodes ----------------------------------------------------------------------
+    def start(self, i: int) -> Daemon:
+        d = self.pool.start(self.base / f"node{i}", extra_env=NODE_ENV, extra_args=[
+            "--listen", f"127.0.0.1:{self.ports[i]}", "--store", "etcd",
+            "--etcd-endpoints", self.endpoint, "--etcd-prefix", self.prefix,
+            "--node-id", str(i), "--partitions", str(self.partitions)])
+        self.nodes[i] = d
+        return d
+
+    def start_all(self) -> None:
+        for i in self.ports:
+            self.start(i)
+        self.wait(lambda: self.owned_everywhere(), "every partition owned by a live node")
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
+
+    def live(self) -> list[int]:
+        return [i for i, d in self.nodes.items() if d.alive()]
+
+    def call(self, i: int, request: Any) -> Any:
+        with AdminClient("127.0.0.1", self.ports[i], timeout_s=3) as c:
+            return c.call(request)
+
+    def coordinator_of(self, group: str, ask: int | None = None) -> int | None:
+        """The node id FindCoordinator names for ``group`` (asked of a live node), or None."""
+        from connect_wire.apis import APIS, ApiKey
+        req = APIS[ApiKey.FIND_COORDINATOR].request_class(4)(key_type=0, coordinator_keys=(group,))
+        for i in ([ask] if ask else self.live()):
+            try:
+                (c,) = self.call(i, req).coordinators
+            except Exception:  # noqa: BLE001 (a node going away: ask another)
+                continue
+            return int(c.node_id) if c.error_code == 0 else None
+        return None
+
+    def owned_everywhere(self) -> bool:
+        """Every live node names a live owner for every partition's groups, and agrees."""
+        groups = [f"probe-{k}" for k in range(40)]
+        live = set(self.live())
+        for i in live:
+            for g in groups:
+                owner = self.coordinator_of(g, ask=i)
+                if owner not in live:
+                    return False
+        return True
+
+    def describe(self, group: str) -> Any:
+        node = self.coordinator_of(group)
+        if node is None:
+            return None
+        (g,) = self.call(node, ConnectGroupDescribeRequest(group_ids=(group,))).groups
+        return g if g.error_code == 0 else None
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args[:2], "--bootstrap", self.bootstrap, *args[2:])
+
+    # -- workers --------------------------------------------------------------------------------
+    def create(self, name: str, tasks: int, group: str = GROUP) -> None:
+        r = self.cli("connectors", "create", "--group", group, name, "--tasks", str(tasks),
+                     "--config", f"connector.class={PLUGIN}", "--config",
+                     f"record.file={self.records}", "--config", "tick.ms=50")
+        assert r.returncode == 0, r.stderr
+
+    def spawn(self, name: str, group: str = GROUP) -> None:
+        cmd = [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", self.bootstrap,
+               "--group", group, "--instance-id", name, "--session-timeout-ms", str(SESSION_MS),
+               "--rebalance-timeout-ms", "4000", "--max-delay-ms", "0"]
+        with open(self.base / f"worker-{name}.log", "wb") as err:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                    env=daemon_env(), cwd=ROOT)
+        self.workers[name] = proc
+
+        def watch() -> None:
+            code = proc.wait()
+            self.ended[proc.pid] = (time.time(), "exit" if code == 0 else "kill")
+        threading.Thread(target=watch, daemon=True).start()
+
+    def timeline(self) -> Timeline:
+        lines = self.records.read_text().splitlines()
+        return analyze([json.loads(line) for line in lines if line.strip()], dict(self.ended))
+
+    def steady(self, items: int) -> bool:
+        """Every item runs on exactly one live worker and the group shows it as assigned."""
+        g = self.describe(GROUP)
+        if g is None or len(g.members) != len(self.workers):
+            return False
+        assigned = [x for m in g.members for x in (*m.assignment.connectors,
+                                                   *(f"{t.connector}/{t.task}" for t in m.assignment.tasks))]
+        if len(assigned) != items or len(set(assigned)) != items:
+            return False
+        running = self.timeline().running()
+        return len(running) == items and all(len(ivs) == 1 for ivs in running.values())
+
+    def log(self, name: str) -> str:
+        return (self.base / f"worker-{name}.log").read_text(errors="replace")
+
+    def wait(self, cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- worker {n}\n{self.log(n)[-2500:]}" for n in self.workers)
+                nodes = "\n".join(f"--- node {i}\n{d.stderr()[-2500:]}" for i, d in self.nodes.items())
+                raise AssertionError(f"timed out waiting for {what}\n{logs}\n{nodes}")
+            time.sleep(0.1)
+
+    def assert_rode_through(self, since: float) -> None:
+        """No overlap ever; no instance stopped or started since ``since``; workers alive."""
+        t = self.timeline()
+        assert not t.problems, t.problems
+        assert not t.overlaps(), t.overlaps()
+        moved = [e for e in t.between(since) if e.get("event") in ("start", "stop")
+                 and not str(e.get("item", "")).startswith("post")]
+        assert not moved, f"instances stopped or started during the coordinator's trouble: {moved}"
+        for name, proc in self.workers.items():
+            assert proc.poll() is None, f"worker {name} exited:\n{self.log(name)[-3000:]}"
+
+    def close(self) -> None:
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.workers.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for d in self.nodes.values():
+            if d.alive():
+                with_sigcont(d)
+
+
+def with_sigcont(d: Daemon) -> None:
+    try:
+        d.proc.send_signal(signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+_counter = iter(range(1_000_000))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd_endpoint: str) -> Iterator[Cluster]:  # noqa: F811
+    with DaemonPool(tmp_path) as pool:
+        c = Cluster(tmp_path, pool, etcd_endpoint, f"/cluster-e2e-{next(_counter)}-{time.time_ns()}")
+        try:
+            yield c
+        finally:
+            c.close()
+
+
+def busy_group(c: Cluster, tasks: int = 6) -> float:
+    """Start the nodes, one connector with ``tasks`` tasks and two workers; wait for steady.
+    Returns the instant (time.time()) from which nothing may stop or start."""
+    c.start_all()
+    c.create("rec", tasks)
+    c.spawn("w1")
+    c.spawn("w2")
+    c.wait(lambda: c.steady(tasks + 1), "the group to settle")
+    time.sleep(1.0)  # a few heartbeats at the settled epoch
+    return time.time()
+
+
+def test_discovery_lists_every_node_and_names_the_owner(cluster: Cluster) -> None:
+    """Metadata lists every live node; FindCoordinator names the partition's owner on every
+    node; the others answer NOT_COORDINATOR for that group; ListGroups per node lists only its
+    own groups while ``groups list`` merges all of them."""
+    c = cluster
+    c.start_all()
+    from connect_wire.apis import APIS, ApiKey
+    meta = c.call(1, APIS[ApiKey.METADATA].request_class(1)(topics=()))
+    assert sorted((b.node_id, b.port) for b in meta.brokers) == sorted(
+        (i, p) for i, p in c.ports.items())
+    groups = [f"g{k}" for k in range(12)]
+    for g in groups:
+        r = c.cli("connectors", "create", "--group", g, "c", "--tasks", "1")
+        assert r.returncode == 0, r.stderr
+    owners = {g: c.coordinator_of(g, ask=1) for g in groups}
+    assert {c.coordinator_of(g, ask=i) for g in groups for i in (2, 3)} <= set(c.ports)
+    assert all(c.coordinator_of(g, ask=i) == owners[g] for g in groups for i in (2, 3))
+    assert len(set(owners.values())) > 1, owners  # spread over the nodes
+    for g, owner in owners.items():
+        other = next(i for i in c.ports if i != owner)
+        (d,) = c.call(other, ConnectGroupDescribeRequest(group_ids=(g,))).groups
+        assert d.error_code == ErrorCode.NOT_COORDINATOR, (g, owner, other, d)
+        (d,) = c.call(owner, ConnectGroupDescribeRequest(group_ids=(g,))).groups
+        assert d.error_code == 0 and [x.name for x in d.connectors] == ["c"]
+    per_node = {}
+    for i in c.ports:
+        resp = c.call(i, APIS[ApiKey.LIST_GROUPS].request_class(4)(states_filter=()))
+        assert resp.error_code == 0
+        per_node[i] = {g.group_id for g in resp.groups}
+    for i, listed in per_node.items():
+        assert listed == {g for g, o in owners.items() if o == i}
+    r = c.cli("groups", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {g["group"] if "group" in g else g["group_id"] for g in json.loads(r.stdout)} >= set(groups)
+
+
+def test_kill_9_of_the_owner_moves_the_group_and_stops_nothing(cluster: Cluster) -> None:
+    """``kill -9`` of the node that owns a busy group: the group answers on another node after
+    the lease TTL, no task runs twice, no worker stops a task, and a change acknowledged just
+    before the kill is there afterwards."""
+    c = cluster
+    busy_group(c)
+    owner = c.coordinator_of(GROUP)
+    assert owner is not None
+    c.create("acked", 1, group=GROUP)  # acknowledged: must survive the owner's death
+    c.wait(lambda: c.steady(6 + 1 + 2), "the acknowledged connector to run")
+    since = time.time()
+    c.nodes[owner].kill()
+    c.wait(lambda: c.coordinator_of(GROUP) not in (None, owner), "another node to take the group")
+    new_owner = c.coordinator_of(GROUP)
+    # The workers reach the new owner: a connector created there starts on one of them.
+    c.create("post", 1)
+    c.wait(lambda: c.steady(6 + 1 + 2 + 2), "the workers to run what the new owner assigns")
+    time.sleep(2.0)
+    c.assert_rode_through(since)
+    g = c.describe(GROUP)
+    assert sorted(x.name for x in g.connectors) == ["acked", "post", "rec"]
+    assert new_owner != owner
+
+
+def test_sigterm_rolling_restart_of_every_node_moves_no_task(cluster: Cluster) -> None:
+    """Graceful restarts of all three nodes in turn (SIGTERM: hand over, then start again with
+    the same id and port): no instance stops or starts, nothing runs twice."""
+    c = cluster
+    since = busy_group(c)
+    for i in list(c.ports):
+        c.nodes[i].stop()
+        c.wait(lambda: c.steady(7), f"the group to be served without node {i}")
+        c.start(i)
+        c.wait(lambda: c.owned_everywhere() and len(c.live()) == 3, f"node {i} back")
+        c.wait(lambda: c.steady(7), f"the group to be served after node {i} came back")
+    time.sleep(1.0)
+    c.assert_rode_through(since)
+
+
+def test_a_frozen_node_answers_nothing_for_the_partitions_it_lost(cluster: Cluster) -> None:
+    """SIGSTOP the owner past its lease: another node takes the group over; woken with SIGCONT,
+    the old owner answers nothing from its old state for that group (NOT_COORDINATOR, or it
+    names the new owner) -- and nothing ran twice meanwhile."""
+    c = cluster
+    since = busy_group(c)
+    owner = c.coordinator_of(GROUP)
+    assert owner is not None
+    frozen = c.nodes[owner]
+    frozen.proc.send_signal(signal.SIGSTOP)
+    try:
+        c.wait(lambda: c.coordinator_of(GROUP, ask=next(i for i in c.live() if i != owner))
+               not in (None, owner), "another node to take the group")
+        # The workers reach the new owner: a connector created there starts on one of them.
+        c.create("post", 1)
+        c.wait(lambda: c.steady(9), "the workers to reach the new owner")
+        member = c.describe(GROUP).members[0]
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    # At once after waking: a heartbeat as a member would send it, and a describe.
+    hb = c.call(owner, ConnectGroupHeartbeatRequest(
+        group_id=GROUP, member_id=member.member_id, member_epoch=member.member_epoch))
+    assert hb.error_code == ErrorCode.NOT_COORDINATOR, hb
+    (d,) = c.call(owner, ConnectGroupDescribeRequest(group_ids=(GROUP,))).groups
+    assert d.error_code == ErrorCode.NOT_COORDINATOR, d
+    c.wait(lambda: "partition lost" in frozen.stderr() or "lease lost" in frozen.stderr(),
+           "the woken node to log the loss", timeout_s=20)
+    time.sleep(1.0)
+    c.assert_rode_through(since)
