@@ -226,11 +226,12 @@ async def test_on_lost_when_the_coordinator_fences_the_worker(env: Env) -> None:
     paused = asyncio.Event()
     real_send = w.client.send
 
-    async def send(req: Any, which: str = "control", extra_timeout_s: float = 0.0) -> Any:
+    async def send(req: Any, which: str = "control", extra_timeout_s: float = 0.0,
+                   **kw: Any) -> Any:
         if which == "heartbeat" and paused.is_set():
             while paused.is_set():
                 await asyncio.sleep(0.01)
-        return await real_send(req, which, extra_timeout_s)
+        return await real_send(req, which, extra_timeout_s, **kw)
 
     w.client.send = send  # type: ignore[method-assign]
     paused.set()
