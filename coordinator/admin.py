@@ -212,11 +212,28 @@ class AdminSession:
         and :class:`CoordinatorError` for an error in the answer."""
         from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 
-        _, resp = self.any_call(FindCoordinatorRequest(key_type=0, coordinator_keys=(group_id,)))
-        (c,) = resp.coordinators
-        if int(c.error_code):
-            raise CoordinatorError(int(c.error_code), c.error_message)
-        return c.host, int(c.port)
+        request = FindCoordinatorRequest(key_type=0, coordinator_keys=(group_id,))
+        failures: list[str] = []
+        refused: CoordinatorError | None = None
+        for address in self.bootstrap:
+            try:
+                resp = self._call_at(address, request)
+            except AdminError as exc:
+                failures.append(str(exc))
+                continue
+            (c,) = resp.coordinators
+            if int(c.error_code):
+                refused = CoordinatorError(int(c.error_code), c.error_message)
+                if refused.code in REDISCOVER:
+                    # That node does not know the owner now (e.g. it is cut off from etcd, or
+                    # the partition is moving): another node may (issue 12).
+                    continue
+                raise refused
+            return c.host, int(c.port)
+        if refused is not None:
+            raise refused
+        raise AdminError(f"no coordinator answered at {format_addresses(self.bootstrap)}: "
+                         + "; ".join(failures))
 
     def nodes(self) -> tuple[Address, list[Node]]:
         """Every coordinator node, from Metadata at the first bootstrap address that answers it

@@ -31,6 +31,7 @@ from connect_wire.messages import (
 from coordinator.admin import AdminClient
 from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli
 from tests.etcd_fixture import etcd_endpoint, etcd_server, free_port  # noqa: F401 (fixtures)
+from tests.tcp_proxy import TcpProxy
 from tests.test_worker_e2e import Timeline, analyze
 
 PLUGIN = "worker_client.examples.recording:RecordingConnector"
@@ -53,6 +54,8 @@ class Cluster:
         self.partitions = partitions
         self.ports = {i: free_port() for i in range(1, nodes + 1)}
         self.nodes: dict[int, Daemon] = {}
+        self.via: dict[int, str] = {}
+        """Node -> the etcd address it is given (a TcpProxy's, to cut it off)."""
         self.records = base / "records.jsonl"
         self.records.touch()
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
@@ -62,7 +65,7 @@ class Cluster:
     def start(self, i: int) -> Daemon:
         d = self.pool.start(self.base / f"node{i}", extra_env=NODE_ENV, extra_args=[
             "--listen", f"127.0.0.1:{self.ports[i]}", "--store", "etcd",
-            "--etcd-endpoints", self.endpoint, "--etcd-prefix", self.prefix,
+            "--etcd-endpoints", self.via.get(i, self.endpoint), "--etcd-prefix", self.prefix,
             "--node-id", str(i), "--partitions", str(self.partitions)])
         self.nodes[i] = d
         return d
@@ -92,7 +95,10 @@ class Cluster:
                 (c,) = self.call(i, req).coordinators
             except Exception:  # noqa: BLE001 (a node going away: ask another)
                 continue
-            return int(c.node_id) if c.error_code == 0 else None
+            if c.error_code == 0:
+                return int(c.node_id)
+            # COORDINATOR_NOT_AVAILABLE: that node does not know (moving, or it is cut off
+            # from etcd): ask another one, as the clients do.
         return None
 
     def owned_everywhere(self) -> bool:
@@ -117,6 +123,13 @@ class Cluster:
         return run_cli(*args[:2], "--bootstrap", self.bootstrap, *args[2:])
 
     # -- workers --------------------------------------------------------------------------------
+    def group_owned_by(self, node: int) -> str:
+        """A group name whose partition ``node`` owns now."""
+        for k in range(10_000):
+            if self.coordinator_of(f"{GROUP}-{k}") == node:
+                return f"{GROUP}-{k}"
+        raise AssertionError(f"node {node} owns no partition")
+
     def create(self, name: str, tasks: int, group: str = GROUP) -> None:
         r = self.cli("connectors", "create", "--group", group, name, "--tasks", str(tasks),
                      "--config", f"connector.class={PLUGIN}", "--config",
@@ -141,9 +154,9 @@ class Cluster:
         lines = self.records.read_text().splitlines()
         return analyze([json.loads(line) for line in lines if line.strip()], dict(self.ended))
 
-    def steady(self, items: int) -> bool:
+    def steady(self, items: int, group: str = GROUP) -> bool:
         """Every item runs on exactly one live worker and the group shows it as assigned."""
-        g = self.describe(GROUP)
+        g = self.describe(group)
         if g is None or len(g.members) != len(self.workers):
             return False
         assigned = [x for m in g.members for x in (*m.assignment.connectors,
@@ -327,3 +340,59 @@ def test_a_frozen_node_answers_nothing_for_the_partitions_it_lost(cluster: Clust
            "the woken node to log the loss", timeout_s=20)
     time.sleep(1.0)
     c.assert_rode_through(since)
+
+
+def test_a_node_cut_off_from_etcd_stops_answering_before_another_can_own_its_groups(
+        cluster: Cluster, etcd_server: Any) -> None:  # noqa: F811
+    """Node 1 reaches etcd through a proxy that the test cuts (a network partition: the
+    workers still reach node 1, node 1 cannot renew its lease). Node 1 must stop answering
+    for its groups before another node can own them: polled every 20 ms, its last answer with
+    the group's state came before any other node named a new owner. The workers ride
+    through: nothing stops or starts, nothing runs twice."""
+    c = cluster
+    proxy = TcpProxy("127.0.0.1", etcd_server.client_port)
+    try:
+        c.via[1] = proxy.address
+        c.start_all()
+        group = c.group_owned_by(1)
+        c.create("rec", 4, group=group)
+        for w in ("w1", "w2"):
+            c.spawn(w, group=group)
+        c.wait(lambda: c.steady(5, group), "the group to settle")
+        time.sleep(1.0)
+        since = time.time()
+        answers: list[tuple[float, int]] = []  # node 1's describe answers
+        named: list[tuple[float, int | None]] = []  # node 2's FindCoordinator answers
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set():
+                try:
+                    (d,) = c.call(1, ConnectGroupDescribeRequest(group_ids=(group,))).groups
+                    answers.append((time.monotonic(), d.error_code))
+                except Exception:  # noqa: BLE001 (a timeout counts as no answer)
+                    pass
+                named.append((time.monotonic(), c.coordinator_of(group, ask=2)))
+                time.sleep(0.02)
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        proxy.cut()
+        c.wait(lambda: any(n not in (None, 1) for _, n in named), "another node to own the group")
+        c.create("post", 1, group=group)
+        c.wait(lambda: c.steady(7, group), "the workers to reach the new owner")
+        proxy.heal()
+        time.sleep(1.0)
+        stop.set()
+        poller.join(10)
+        taken = min(t for t, n in named if n not in (None, 1))
+        served = [t for t, code in answers if code == 0]
+        refused = [t for t, code in answers if code == ErrorCode.NOT_COORDINATOR]
+        assert served and refused, (len(served), len(refused))
+        # Node 1 kept answering while its lease was certainly valid, then stopped -- before
+        # any other node owned the group (and it never served it again afterwards).
+        first_refusal = min(refused)
+        assert max(t for t in served if t < taken) < first_refusal < taken
+        assert not [t for t in served if t > first_refusal and t < taken]
+        c.assert_rode_through(since)
+    finally:
+        proxy.close()

@@ -93,6 +93,10 @@ class ClusterNode:
         its address is not known yet)."""
         if self.owners is None or self.nodes is None:
             return None
+        if self.lease_remaining() <= self.margin_s:
+            # Our lease is in doubt: we may be cut off from etcd, and then our view of every
+            # owner is stale too. COORDINATOR_NOT_AVAILABLE sends the client to another node.
+            return None
         owner = self.owners.view.get(str(partition))
         if owner is None:
             return None
