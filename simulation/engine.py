@@ -70,7 +70,7 @@ from worker_client.assignors import (
 )
 from worker_client.membership import Assign, AssignorAd, Compute, Fatal, Lost, Membership, Revoke, State
 
-from .scenarios import Fault, Scenario
+from .scenarios import DEPOSED_ARM_MS, Fault, Scenario
 
 GROUP = "g"
 WATCHDOG_MS = 100
@@ -127,14 +127,15 @@ class ItemStat:
 class Pending:
     """A request in flight from a worker: its callbacks and deadline."""
 
-    __slots__ = ("request", "on_ok", "on_fail", "deadline", "done", "ignore")
+    __slots__ = ("request", "on_ok", "on_fail", "deadline", "timeout", "done", "ignore")
 
     def __init__(self, request: Any, on_ok: Callable[[Any], None], on_fail: Callable[[str], None],
-                 deadline: int) -> None:
+                 deadline: int, timeout: int = 0) -> None:
         self.request = request
         self.on_ok = on_ok
         self.on_fail = on_fail
         self.deadline = deadline
+        self.timeout = timeout
         self.done = False
         self.ignore = False  # the caller stopped waiting (cancelled): drop the answer
 
@@ -142,16 +143,17 @@ class Pending:
 class Conn:
     """One TCP connection between a worker process and the coordinator process."""
 
-    __slots__ = ("cid", "worker", "inc", "kind", "state", "coord_inc", "up_last", "down_last",
+    __slots__ = ("cid", "worker", "inc", "kind", "state", "node", "coord_inc", "up_last", "down_last",
                  "inflight", "queued")
 
-    def __init__(self, cid: int, worker: SimWorker, kind: str, coord_inc: int) -> None:
+    def __init__(self, cid: int, worker: SimWorker, kind: str, node: CoordinatorNode) -> None:
         self.cid = cid
         self.worker = worker
         self.inc = worker.inc
         self.kind = kind
         self.state = "connecting"
-        self.coord_inc = coord_inc
+        self.node = node  # the coordinator node (its partition instance) it is connected to
+        self.coord_inc = node.inc
         self.up_last = 0
         self.down_last = 0
         self.inflight: deque[Pending] = deque()
@@ -175,22 +177,82 @@ class Parked:
     expired: bool = False
 
 
-class CoordinatorNode:
-    """A model of the daemon's shard around the real GroupCoordinator."""
+class Store:
+    """The partition's durable records and, with several nodes, who owns it.
 
-    def __init__(self, sim: Simulation) -> None:
+    ``log`` is compacted (key -> latest record, in order of last write): what the file log's
+    compaction keeps, and what etcd holds with records as keys. With several nodes the owner
+    key's create revision is the ownership's ``token``: :meth:`write` compares it in the same
+    transaction (etcd's compare), so a deposed owner's write applies nothing (unless the test-only
+    ``fenced=False``); ``expires`` is when etcd expires the owner's lease (the arrival of its last
+    renewal + TTL), after which nobody owns the partition (``token`` 0) until a node acquires it."""
+
+    def __init__(self) -> None:
+        self.log: dict[Any, Any] = {}
+        self.token = 0
+        self._tokens = 0
+        self.expires = INF
+
+    def acquire(self, now: int, ttl: int) -> int:
+        self._tokens += 1
+        self.token = self._tokens
+        self.expires = now + ttl
+        return self.token
+
+    def release(self, token: int) -> None:
+        if self.token == token:
+            self.token = 0
+            self.expires = INF
+
+    def write(self, token: int, records: list[Any], fenced: bool = True) -> bool:
+        if fenced and token != self.token:
+            return False
+        for record in records:
+            self.log.pop(record.key, None)
+            self.log[record.key] = record
+        return True
+
+
+class CoordinatorNode:
+    """A model of the daemon's shard around the real GroupCoordinator: the group's partition as
+    loaded on one coordinator node (``node``), for one ownership (``token``).
+
+    With one node (the file store) it is the only one and a ``coordinator_restart`` reloads it in
+    place. With several (issue 12), each acquisition of the partition is a new instance on the
+    acquiring node: it loads the store's records, answers COORDINATOR_LOAD_IN_PROGRESS meanwhile,
+    then runs ``on_loaded`` (fresh session clocks); it renews its lease every third of the TTL and
+    answers only while the lease is certainly valid (``lease_ok``: the TTL counted from its last
+    successful renewal's send, minus a margin), else it unloads: from then on every request on its
+    connections is answered NOT_COORDINATOR. A graceful handover answers NOT_COORDINATOR to what it
+    has not handled and to its parked long polls, lets the batch in flight commit, then releases.
+    A frozen node (SIGSTOP) handles nothing: its input waits in its sockets, its timers and the
+    batch it was about to commit wait; when it wakes, its input comes first, then its timers."""
+
+    def __init__(self, sim: Simulation, node: str = "n1", token: int = 1,
+                 previous: dict[str, Any] | None = None) -> None:
         self.sim = sim
+        self.node = node
+        self.token = token
         self.inc = 0
         self.up = True
         self.loading = False
-        self.log: dict[Any, Any] = {}  # compacted: key -> latest record, in order of last write
+        self.owner = True
+        """It serves the partition; False once unloaded (handed over, deposed, lease lost)."""
+        self.handing_over = False
+        self._then: Callable[[], None] | None = None
         self.core = self._new_core()
         self.queue: deque[tuple[Any, ...]] = deque()
         self.busy = False
         self.timers: dict[Any, int] = {}
         self.parked: dict[tuple[str, str], Parked] = {}
         self.batches = 0
-        self.epochs: dict[str, Any] = epochs(self.core.state)
+        self.epochs: dict[str, Any] = previous if previous is not None else epochs(self.core.state)
+        self.frozen_until = 0
+        self.deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
+        self.lease_sent = sim.now
+        """Send time of the last successful lease renewal (NodeLease: valid until it + TTL)."""
+        self.freeze_armed: int | None = None
+        """A deposed_late_write waits for a batch that writes: freeze that long when one comes."""
 
     def _new_core(self) -> GroupCoordinator:
         sc = self.sim.scenario
@@ -201,9 +263,90 @@ class CoordinatorNode:
         )
         return GroupCoordinator(config, member_id_factory=self.sim.generated_id, strict=True)
 
+    # -- events of this node's process: deferred while it is frozen ------------------------------------
+    def at(self, t: int, fn: Callable[..., None], *args: Any, io: bool = False) -> None:
+        self.sim.at(t, self._event, io, fn, args)
+
+    def _event(self, io: bool, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        if self.sim.now < self.frozen_until:
+            self.deferred.append((0 if io else 1, fn, args))
+            return
+        fn(*args)
+
+    @property
+    def frozen(self) -> bool:
+        return self.sim.now < self.frozen_until
+
+    def freeze(self, until: int) -> None:
+        if not self.up:
+            return
+        self.frozen_until = max(self.frozen_until, until)
+        self.sim.at(self.frozen_until, self._thaw, self.inc)
+
+    def _thaw(self, inc: int) -> None:
+        if inc != self.inc or self.sim.now < self.frozen_until:
+            return
+        deferred = sorted(self.deferred, key=lambda d: d[0])  # its sockets' input first, then timers
+        self.deferred = []
+        for _, fn, args in deferred:
+            if inc != self.inc or self.sim.stopped:
+                return
+            fn(*args)
+
+    # -- the lease (several nodes) ----------------------------------------------------------------------
+    def lease_ok(self) -> bool:
+        """NodeLease.remaining() > margin: else it may have expired, and the node unloads."""
+        sim = self.sim
+        sc = sim.scenario
+        if not sim.multi or not sc.lease_checked or not self.owner:
+            return True
+        if sim.now < self.lease_sent + sc.lease_ttl_ms - sc.lease_margin_ms:
+            return True
+        self.unload(f"its lease may have expired (last renewal sent at t={self.lease_sent})")
+        return False
+
+    def start_lease(self) -> None:
+        self.lease_sent = self.sim.now
+        self._arm_lease_check()
+        self.at(self.sim.now + self.sim.scenario.lease_ttl_ms // 3, self._renew, self.inc)
+
+    def _arm_lease_check(self) -> None:
+        """When the lease can no longer be proven valid (no renewal since), unload at once: the
+        parked long polls are answered NOT_COORDINATOR then, not when they time out."""
+        sc = self.sim.scenario
+        due = max(self.sim.now, self.lease_sent + sc.lease_ttl_ms - sc.lease_margin_ms)
+        self.at(due, self._lease_check, self.inc, self.lease_sent)
+
+    def _lease_check(self, inc: int, sent: int) -> None:
+        if inc == self.inc and self.up and self.lease_sent == sent:
+            self.lease_ok()
+
+    def _renew(self, inc: int) -> None:
+        sim = self.sim
+        if inc != self.inc or not self.up or not self.owner:
+            return
+        sim.at(sim.now + sim.etcd_latency(), sim.etcd_renew, self, sim.now)
+        self.at(sim.now + sim.scenario.lease_ttl_ms // 3, self._renew, inc)
+
+    def renewed(self, inc: int, sent: int, ok: bool) -> None:
+        if inc != self.inc or not self.up or not self.owner:
+            return
+        if ok:
+            if sent > self.lease_sent:
+                self.lease_sent = sent
+                self._arm_lease_check()
+        elif self.sim.scenario.lease_checked:
+            self.unload("etcd says its lease expired")
+
     # -- input -----------------------------------------------------------------------------------------
     def receive(self, conn: Conn, pending: Pending) -> None:
         if not self.up or conn.coord_inc != self.inc or conn.state != "open":
+            return
+        if self.frozen:  # in its socket until it wakes
+            self.deferred.append((0, self.receive, (conn, pending)))
+            return
+        if not self.owner or self.handing_over or not self.lease_ok():
+            self.respond(conn, pending, error_response(pending.request, E.NOT_COORDINATOR, self.sim.now))
             return
         self.queue.append(("req", conn, pending))
         self.kick()
@@ -211,11 +354,14 @@ class CoordinatorNode:
     def kick(self) -> None:
         if not self.busy and self.queue and self.up:
             self.busy = True
-            self.sim.at(self.sim.now, self._drain, self.inc)
+            self.at(self.sim.now, self._drain, self.inc)
 
     # -- the batch: handlers, fsync, release --------------------------------------------------------------
     def _drain(self, inc: int) -> None:
         if inc != self.inc or not self.up:
+            return
+        if not self.owner or not self.lease_ok():
+            self.busy = False
             return
         sim = self.sim
         batch = [self.queue.popleft() for _ in range(min(MAX_DRAIN, len(self.queue)))]
@@ -225,7 +371,12 @@ class CoordinatorNode:
             if result is not None:
                 pending.append((ev, result))
         if any(r.records for _, r in pending):
-            sim.at(sim.now + sim.sample(sim.rng_coord, sim.scenario.fsync_ms), self._commit, inc, pending)
+            if self.freeze_armed is not None:  # deposed_late_write: frozen before the commit is sent
+                duration, self.freeze_armed = self.freeze_armed, None
+                sim.trace("owner_frozen", detail=f"{self.node} for {duration} ms with a write of "
+                          f"{sum(len(r.records) for _, r in pending)} records in flight")
+                sim.freeze_node(self.node, sim.now + duration)
+            self.at(sim.now + sim.sample(sim.rng_coord, sim.scenario.fsync_ms), self._commit, inc, pending)
         else:
             self._commit(inc, pending)
 
@@ -269,24 +420,23 @@ class CoordinatorNode:
             return None
         return result
 
-    def _failed(self, ev: tuple[Any, ...]) -> None:
+    def _failed(self, ev: tuple[Any, ...], code: int = E.COORDINATOR_NOT_AVAILABLE) -> None:
         kind = ev[0]
         if kind == "req":
-            answer = error_response(ev[2].request, E.COORDINATOR_NOT_AVAILABLE, self.sim.now)
-            self.respond(ev[1], ev[2], answer)
+            self.respond(ev[1], ev[2], error_response(ev[2].request, code, self.sim.now))
         elif kind == "probe":
             parked = ev[2]
             parked.refreshing = False
             if parked.expired and self.parked.get(ev[1]) is parked:
                 self._release(ev[1])
-        elif kind == "timer":
+        elif kind == "timer" and self.owner:
             # As the shard does (and Kafka's retry=true timers): a timer whose write failed is
             # tried again shortly, unless something re-armed it meanwhile.
             key = ev[1]
             if key not in self.timers:
                 deadline = self.sim.now + TIMER_RETRY_MS
                 self.timers[key] = deadline
-                self.sim.at(deadline, self._fire, self.inc, key, deadline)
+                self.at(deadline, self._fire, self.inc, key, deadline)
 
     def _commit(self, inc: int, pending: list[tuple[tuple[Any, ...], Result]]) -> None:
         if inc != self.inc or not self.up:
@@ -301,24 +451,40 @@ class CoordinatorNode:
                 self._failed(ev)
             self._after_batch(wrote)
             return
+        if wrote and sim.multi and sim.etcd_cut(self):
+            # Cut off from etcd: the transaction goes out when the connection is back (etcd3aio
+            # reconnects), then is fenced like any other.
+            self.at(sim.etcd_cut(self) + sim.etcd_latency(), self._commit, inc, pending)
+            return
+        if wrote:
+            records = [record for _, result in pending for record in result.records]
+            if not sim.store_write(self, records):
+                # Deposed: etcd refused the transaction (the owner key's revision changed) and
+                # applied none of it. Unload; nothing of the batch is answered but NOT_COORDINATOR.
+                sim.trace("write_refused", detail=f"{self.node}: {len(records)} records, fenced "
+                          f"(token {self.token}, the owner's is {sim.store.token})")
+                self.unload("deposed: its write was refused")
+                for ev, _ in pending:
+                    self._failed(ev, E.NOT_COORDINATOR)
+                self._after_batch(False)
+                return
+        serving = self.owner and not self.handing_over
         wake: set[tuple[str, str]] = set()
         for ev, result in pending:
-            for record in result.records:
-                self.log.pop(record.key, None)
-                self.log[record.key] = record
-            for op in result.timers:
-                if op.deadline_ms is None:
-                    self.timers.pop(op.key, None)
-                else:
-                    self.timers[op.key] = op.deadline_ms
-                    sim.at(max(sim.now, op.deadline_ms), self._fire, self.inc, op.key, op.deadline_ms)
-            wake |= result.wake
-            if result.records:
+            if serving:
+                for op in result.timers:
+                    if op.deadline_ms is None:
+                        self.timers.pop(op.key, None)
+                    else:
+                        self.timers[op.key] = op.deadline_ms
+                        self.at(max(sim.now, op.deadline_ms), self._fire, self.inc, op.key, op.deadline_ms)
+                wake |= result.wake
+            if result.records and self is sim.coord:
                 sim.on_records(result.records)
             kind = ev[0]
             if kind == "req":
                 req = ev[2].request
-                if isinstance(req, ConnectGroupHeartbeatRequest):
+                if isinstance(req, ConnectGroupHeartbeatRequest) and serving:
                     self._heartbeat_committed(ev[1], ev[2], result.response)
                 else:
                     self.respond(ev[1], ev[2], result.response)
@@ -337,6 +503,9 @@ class CoordinatorNode:
         self.batches += 1
         self.sim.check_coordinator(self, wrote)
         self.busy = False
+        if self.handing_over:
+            self._release_ownership()
+            return
         self.kick()
 
     # -- timers ---------------------------------------------------------------------------------------
@@ -366,7 +535,7 @@ class CoordinatorNode:
             return
         parked = Parked(conn, pend, req, resp)
         self.parked[key] = parked
-        self.sim.at(self.sim.now + wait, self._parked_timeout, self.inc, key, parked)
+        self.at(self.sim.now + wait, self._parked_timeout, self.inc, key, parked)
 
     def _release(self, key: tuple[str, str]) -> None:
         parked = self.parked.pop(key, None)
@@ -394,43 +563,110 @@ class CoordinatorNode:
 
     # -- output -----------------------------------------------------------------------------------------
     def respond(self, conn: Conn, pend: Pending, resp: Any) -> None:
+        """The answer leaves the node, unless it is no longer the owner (or its lease may have
+        expired): then it answers NOT_COORDINATOR instead (errors go out as they are)."""
+        if resp.error_code == 0 and (not self.owner or not self.lease_ok()):
+            resp = error_response(pend.request, E.NOT_COORDINATOR, self.sim.now)
         self.sim.net_response(conn, pend, resp)
+
+    # -- unloading, handover -----------------------------------------------------------------------
+    def _refuse_pending(self, code: int) -> None:
+        """Answer ``code`` to every request not handled yet and to every parked long poll; drop the
+        timers and probes (a batch in flight still commits or fails on its own)."""
+        queued, self.queue = self.queue, deque()
+        for ev in queued:
+            if ev[0] == "req":
+                self.sim.net_response(ev[1], ev[2], error_response(ev[2].request, code, self.sim.now))
+        parked, self.parked = self.parked, {}
+        for key in sorted(parked):
+            p = parked[key]
+            self.sim.net_response(p.conn, p.pending, error_response(p.request, code, self.sim.now))
+        self.timers.clear()
+
+    def unload(self, why: str) -> None:
+        """No longer the owner (deposed, lease lost): NOT_COORDINATOR to everything from now on."""
+        if not self.owner:
+            return
+        self.owner = False
+        self.sim.trace("coordinator_unload", detail=f"{self.node}: {why}")
+        self._refuse_pending(E.NOT_COORDINATOR)
+        if self.handing_over:
+            self.handing_over = False
+            then, self._then = self._then, None
+            if then is not None:
+                then()
+
+    def hand_over(self, then: Callable[[], None]) -> bool:
+        """Graceful handover: NOT_COORDINATOR to what is not handled yet and to the parked long
+        polls, the batch in flight commits (its answers go out), then the ownership is released
+        and ``then`` runs (the next owner acquires)."""
+        if not self.up or not self.owner or self.handing_over:
+            return False
+        self.handing_over = True
+        self._then = then
+        self.sim.trace("handover_begin", detail=f"{self.node}")
+        self._refuse_pending(E.NOT_COORDINATOR)
+        if not self.busy:
+            self._release_ownership()
+        return True
+
+    def _release_ownership(self) -> None:
+        self.handing_over = False
+        self.owner = False
+        self.sim.store.release(self.token)
+        self.sim.trace("ownership_released", detail=f"{self.node}")
+        then, self._then = self._then, None
+        if then is not None:
+            then()
 
     # -- crash and restart ------------------------------------------------------------------------------
     def crash(self) -> None:
         sim = self.sim
         self.up = False
+        self.owner = False
+        self.handing_over = False
+        self._then = None
         self.inc += 1
         self.queue.clear()
         self.parked.clear()
         self.timers.clear()
+        self.deferred = []
+        self.frozen_until = 0
         self.busy = False
         self.core = None  # type: ignore[assignment]
         for conn in sim.all_conns():
-            sim.reset_conn(conn, "coordinator crashed")
+            if conn.node is self:
+                sim.reset_conn(conn, "coordinator crashed")
 
     def restart(self) -> None:
-        sim = self.sim
+        """The same node again (the file store): everything uncommitted is lost; load the log."""
         self.up = True
+        self.owner = True
+        self.load()
+
+    def load(self) -> None:
+        sim = self.sim
         self.loading = True
         self.core = self._new_core()
-        for record in self.log.values():
+        for record in sim.store.log.values():
             self.core.replay(record)
         try:
             check_invariants(self.core.state, self.epochs)
         except InvariantViolation as exc:
             sim.violate(f"state replayed from the log breaks invariants: {exc}")
             return
+        sim.check_store(f"{self.node} loading")
         self.epochs = epochs(self.core.state)
-        sim.trace("coordinator_loading", detail=f"{len(self.log)} records")
-        sim.at(sim.now + sim.sample(sim.rng_coord, sim.scenario.load_ms), self._loaded, self.inc)
+        sim.trace("coordinator_loading", detail=(f"{self.node}: " if sim.multi else "")
+                  + f"{len(sim.store.log)} records")
+        self.at(sim.now + sim.sample(sim.rng_coord, sim.scenario.load_ms), self._loaded, self.inc)
 
     def _loaded(self, inc: int) -> None:
-        if inc != self.inc:
+        if inc != self.inc or not self.owner:
             return
         self.loading = False
         self.queue.appendleft(("loaded",))
-        self.sim.trace("coordinator_loaded")
+        self.sim.trace("coordinator_loaded", detail=self.node if self.sim.multi else "")
         self.kick()
 
 
@@ -456,6 +692,8 @@ LEAVE_RETRY = (E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.NO
 STOP_POLL_MS = 20
 """worker.stop() polls every 20 ms for the drain to finish."""
 TIMER_RETRY_MS = 500
+CONNECT_TIMEOUT_MS = 2_000
+"""CoordinatorClient's TCP connect timeout."""
 
 
 class SimWorker:
@@ -650,7 +888,7 @@ class SimWorker:
         if self.backstop_at is not None and self.backstop_at <= due:
             return  # that one looks again (the lease moved on)
         self.backstop_at = due
-        self.at(due, self._backstop, due)
+        self.at(max(due, self.sim.now), self._backstop, due)  # (overdue: a heartbeat sent long ago)
 
     def _backstop(self, due: int) -> None:
         if self.backstop_at != due:
@@ -854,7 +1092,7 @@ class SimWorker:
         sim.trace("heartbeat", self.name, epoch=req.member_epoch,
                   detail=("full" if req.client_assignors is not None else "")
                   + (" keepalive" if busy else ""))
-        timeout = sim.scenario.request_timeout_ms + req.max_wait_ms
+        timeout = (sim.scenario.heartbeat_timeout_ms or sim.scenario.request_timeout_ms) + req.max_wait_ms
         self.hb = self.send("hb", req, self._on_heartbeat, self._on_heartbeat_failed, timeout)
 
     def _block_until(self, t: int) -> None:
@@ -1032,6 +1270,7 @@ class SimWorker:
                 self.at(self.wd_at, self._watchdog, self.wd_at)
             return
         sim.trace("self_fenced", self.name, detail=_items_detail(lost.items))
+        sim.self_fences += 1
         self.lost_gen += 1
         if self.hb is not None:  # the watchdog cancels the heartbeat in flight
             self.hb.ignore = True
@@ -1081,7 +1320,10 @@ class SimWorker:
                 stopping = self.stopping.get(item)
                 if stopping is not None and stopping.end is not None and stopping.end > done:
                     assert stopping.stop_begin is not None
-                    done = min(stopping.end, stopping.stop_begin + deadline)
+                    # (max: never earlier than another item's stop, nor than now: a stop whose
+                    # budget ran out while the process was frozen is over, one way or the other;
+                    # before, ``done`` could go back, even into the past: an event before now)
+                    done = max(done, min(stopping.end, stopping.stop_begin + deadline))
                 continue
             r = rng.random()
             if mode == "slow":  # a slow_revocation: 1-2x the rebalance timeout
@@ -1185,8 +1427,8 @@ class SimWorker:
     def send(self, kind: str, request: Any, on_ok: Callable[[Any], None], on_fail: Callable[[str], None],
              timeout: int | None = None) -> Pending:
         sim = self.sim
-        pend = Pending(request, on_ok, on_fail,
-                       sim.now + (timeout if timeout is not None else sim.scenario.request_timeout_ms))
+        timeout = timeout if timeout is not None else sim.scenario.request_timeout_ms
+        pend = Pending(request, on_ok, on_fail, sim.now + timeout, timeout)
         conn = self.conns[kind]
         if conn is None or conn.state not in ("open", "connecting"):
             conn = sim.connect(self, kind)
@@ -1279,7 +1521,10 @@ class Simulation:
         self.rng_supervisor = random.Random(f"{seed}/supervisor")
         """Restart delays of fail-stopped processes: a stream of its own, so that a fail-stop
         reshuffles nothing else."""
+        self.rng_nodes = random.Random(f"{seed}/nodes")
+        """Several coordinator nodes: etcd latencies, the next owner, the bootstrap order."""
         self.fail_stops = 0
+        self.self_fences = 0
         self._ids = 0
         self._cids = 0
         self.violation = ""
@@ -1308,8 +1553,23 @@ class Simulation:
         self._blocker: SimWorker | None = None
         self._check_every = 1 if workers + tasks <= 2_000 else (workers + tasks) // 50
         self._writes = 0
+        # coordinator nodes and the store
+        self.multi = scenario.nodes > 1
+        self.node_names = [f"n{i + 1}" for i in range(max(1, scenario.nodes))]
+        self.node_alive = dict.fromkeys(self.node_names, True)
+        self.node_frozen_until = dict.fromkeys(self.node_names, 0)
+        self.node_host_lost = dict.fromkeys(self.node_names, False)
+        self.node_etcd_cut_until = dict.fromkeys(self.node_names, 0)
+        self.store = Store()
+        self.acked: dict[Any, Any] = {}
+        """With several nodes: what the owners committed (the store must hold exactly this)."""
+        token = self.store.acquire(0, scenario.lease_ttl_ms)
         # actors
-        self.coord = CoordinatorNode(self)
+        self.coord = CoordinatorNode(self, self.node_names[0], token)
+        self.instances = [self.coord]
+        if self.multi:
+            self.coord.start_lease()
+            self.at(self.store.expires, self._lease_expiry, token, self.store.expires)
         self.workers: list[SimWorker] = [SimWorker(self, i) for i in range(workers)]
         self.admin: SimWorker | None = None
         self.zombie_grace = WATCHDOG_MS + 2 * scenario.latency_ms[1] + 1
@@ -1319,6 +1579,8 @@ class Simulation:
     # -- event queue ----------------------------------------------------------------------------------
     def at(self, t: int, fn: Callable[..., None], *args: Any) -> None:
         self._seq += 1
+        if t < self.now:
+            raise AssertionError(f"an event scheduled in the past (t={t} < now={self.now}): {fn}")
         heapq.heappush(self._heap, (t, self._seq, fn, args))
 
     def sample(self, rng: random.Random, r: tuple[int, int]) -> int:
@@ -1357,10 +1619,10 @@ class Simulation:
 
     def connect(self, w: SimWorker, kind: str) -> Conn:
         self._cids += 1
-        conn = Conn(self._cids, w, kind, self.coord.inc)
+        conn = Conn(self._cids, w, kind, self.coord)
         rtt = self.latency() + self.latency()
-        if not w.coordinator_known:
-            rtt += self.latency() + self.latency()  # FindCoordinator first
+        if not w.coordinator_known:  # FindCoordinator first
+            rtt += self._find_coordinator_ms() if self.multi else self.latency() + self.latency()
         t = self.now + rtt
         if w.part_start <= self.now < w.part_end:
             heal = w.part_end + rtt
@@ -1375,11 +1637,17 @@ class Simulation:
         w = conn.worker
         if conn.state != "connecting":
             return
-        if not ok or not self.coord.up:
+        coord = self.coord  # (with several nodes: the owner FindCoordinator named, if any)
+        if ok and self.multi and self.node_host_lost[coord.node]:
+            # its host is unreachable: the TCP connect times out (CoordinatorClient: 2 s)
+            w.at(self.now + CONNECT_TIMEOUT_MS, self._connect_done, conn, False)
+            return
+        if not ok or not coord.up or not coord.owner:
             w.fail_conn(conn, "cannot connect to the coordinator")
             return
         conn.state = "open"
-        conn.coord_inc = self.coord.inc
+        conn.node = coord
+        conn.coord_inc = coord.inc
         w.coordinator_known = True
         queued, conn.queued = conn.queued, []
         for pend in queued:
@@ -1408,6 +1676,8 @@ class Simulation:
         if isinstance(pend.request, ConnectGroupHeartbeatRequest):
             self.heartbeats += 1
         conn.inflight.append(pend)
+        if self.multi:  # (the client's request timeout runs from when the request is written)
+            pend.deadline = self.now + pend.timeout
         conn.worker.at(pend.deadline, conn.worker.timeout, conn, pend)
         if self._lost():
             self.trace("message_lost", conn.worker.name, detail=type(pend.request).__name__)
@@ -1424,10 +1694,10 @@ class Simulation:
             conn.up_last = t
             self.at(t, self._to_coordinator, conn, pend)
             return
-        self.coord.receive(conn, pend)
+        conn.node.receive(conn, pend)
 
     def net_response(self, conn: Conn, pend: Pending, resp: Any) -> None:
-        if conn.state != "open" or conn.coord_inc != self.coord.inc:
+        if conn.state != "open" or conn.coord_inc != conn.node.inc:
             return
         self.messages += 1
         if self._lost():
@@ -1543,6 +1813,37 @@ class Simulation:
             if until - since > self.longest:
                 self.longest = until - since
 
+    def store_write(self, node: CoordinatorNode, records: list[Any]) -> bool:
+        """The commit of ``node``'s batch: fenced on its ownership (etcd's compare). What a
+        legitimate owner commits is also kept in ``acked``, what the store must hold."""
+        store = self.store
+        legit = node.token == store.token
+        ok = store.write(node.token, records, fenced=self.scenario.fenced_writes)
+        if ok and self.multi:
+            if legit:
+                acked = self.acked
+                for record in records:
+                    acked.pop(record.key, None)
+                    acked[record.key] = record
+            else:
+                self.trace("stale_write_applied", detail=f"{node.node}: {len(records)} records written "
+                           f"by a deposed owner (token {node.token}; the fence is off)")
+                self.check_store(f"{node.node}'s late write")
+        return ok
+
+    def check_store(self, where: str) -> None:
+        """The store holds exactly what the partition's owners committed (and acknowledged):
+        nothing overwritten or added by anyone else (a deposed owner's late write)."""
+        if not self.multi or self.store.log == self.acked:
+            return
+        log, acked = self.store.log, self.acked
+        differ = [k for k, r in acked.items() if log.get(k) != r]
+        extra = [k for k in log if k not in acked]
+        example = (differ or extra)[0]
+        self.violate(f"acknowledged state lost ({where}): the store differs from what the owners "
+                     f"committed in {len(differ)} records, and holds {len(extra)} no owner wrote "
+                     f"(e.g. {type(example).__name__} {getattr(example, 'member_id', '')})")
+
     def on_records(self, records: list[Any]) -> None:
         if not any(type(r.key) is GroupConnectorsKey for r in records):
             return
@@ -1617,8 +1918,9 @@ class Simulation:
             return
         if self.phase == "faults" and self.now < self.faults_end:
             return
-        core = self.coord.core
-        if core is None or not self.coord.up or self.coord.loading:
+        coord = self.coord
+        core = coord.core
+        if core is None or not coord.up or coord.loading or not coord.owner or coord.frozen:
             return
         g = core.group(GROUP)
         if g is None or g.state is not GroupState.STABLE:
@@ -1683,6 +1985,9 @@ class Simulation:
         if kind == "connectors":
             self._change_connectors(fault.detail)
             return
+        if kind in ("partition_move", "owner_failover", "deposed_late_write", "node_restart"):
+            self._node_fault(fault)
+            return
         w = self.worker(fault.slot)
         if kind == "join":
             if not w.alive:
@@ -1718,6 +2023,181 @@ class Simulation:
             w.slow_until = self.now + fault.duration_ms
             w.stop_mode = fault.detail
 
+    # -- several coordinator nodes ----------------------------------------------------------------------
+    def etcd_latency(self) -> int:
+        return self.sample(self.rng_nodes, self.scenario.latency_ms)
+
+    def etcd_cut(self, node: CoordinatorNode) -> int:
+        """Until when ``node`` cannot reach etcd (0: it can)."""
+        until = self.node_etcd_cut_until[node.node]
+        return until if until > self.now else 0
+
+    def etcd_renew(self, node: CoordinatorNode, sent: int) -> None:
+        """A lease renewal reaches etcd: it extends the lease (from now) if it has not expired.
+        Cut off from etcd, it never arrives (NodeLease's renewal times out; it tries again)."""
+        if self.etcd_cut(node):
+            return
+        store = self.store
+        ok = store.token == node.token and self.now < store.expires
+        if ok:
+            store.expires = self.now + self.scenario.lease_ttl_ms
+            self.at(store.expires, self._lease_expiry, node.token, store.expires)
+        node.at(self.now + self.etcd_latency(), node.renewed, node.inc, sent, ok, io=True)
+
+    def _lease_expiry(self, token: int, expires: int) -> None:
+        store = self.store
+        if store.token != token or store.expires != expires:
+            return
+        store.release(token)
+        owner = next((c.node for c in self.instances if c.token == token), "?")
+        self.trace("lease_expired", detail=f"{owner}: nobody owns the partition")
+        self._next_owner(None, owner)
+
+    def _next_owner(self, target: str | None, previous: str) -> None:
+        """The next owner acquires after the watch event and its acquire transaction."""
+        delay = self.sample(self.rng_nodes, self.scenario.handover_ms)
+        self.at(self.now + delay, self._elect, target, previous)
+
+    def _elect(self, target: str | None, previous: str) -> None:
+        if self.stopped or self.store.token != 0:
+            return
+        now = self.now
+        free = [n for n in self.node_names if self.node_alive[n] and self.node_frozen_until[n] <= now]
+        if target is not None and target in free:
+            node = target
+        else:
+            pool = [n for n in free if n != previous] or free
+            if not pool:  # every node is down or frozen: the first one back takes it
+                self.at(now + 100, self._elect, target, previous)
+                return
+            node = pool[self.rng_nodes.randrange(len(pool))]
+        token = self.store.acquire(now, self.scenario.lease_ttl_ms)
+        self.at(self.store.expires, self._lease_expiry, token, self.store.expires)
+        inst = CoordinatorNode(self, node, token, self.coord.epochs)
+        self.coord = inst
+        self.instances.append(inst)
+        self.trace("owner_acquired", detail=f"{node} (token {token})")
+        inst.start_lease()
+        inst.load()
+
+    def freeze_node(self, node: str, until: int) -> None:
+        """SIGSTOP: the node's process handles nothing until ``until`` (its sockets buffer)."""
+        self.node_frozen_until[node] = max(self.node_frozen_until[node], until)
+        self.at(until, self._node_woke, node, until)
+        for inst in self.instances:
+            if inst.node == node and inst.up:
+                inst.freeze(until)
+
+    def _node_woke(self, node: str, until: int) -> None:
+        if self.node_frozen_until[node] == until:
+            self.trace("node_woke", detail=node)
+
+    def _freeze_anyway(self, inst: CoordinatorNode) -> None:
+        if inst.freeze_armed is not None:
+            duration, inst.freeze_armed = inst.freeze_armed, None
+            self.trace("owner_frozen", detail=f"{inst.node} for {duration} ms (no write came)")
+            self.freeze_node(inst.node, self.now + duration)
+
+    def _exit_node(self, node: str, down: int | None, takes: bool = False) -> None:
+        """The node's process ends (killed, or exiting after SIGTERM): its connections reset."""
+        if not self.node_alive[node]:
+            return
+        self.node_alive[node] = False
+        self.node_frozen_until[node] = 0
+        self.trace("node_down", detail=node)
+        for inst in self.instances:
+            if inst.node == node and inst.up:
+                inst.crash()
+        if down is not None:
+            self.at(self.now + down, self._node_back, node, takes)
+
+    def _lose_host(self, node: str, down: int) -> None:
+        """The node's host becomes unreachable (power lost, cut off the network): nothing comes
+        back on its connections (no RST: they hang until the client gives up), connecting to it
+        times out; when it is back, its process has restarted (its old connections reset)."""
+        self.trace("host_lost", detail=node)
+        self.node_alive[node] = False
+        self.node_host_lost[node] = True
+        for inst in self.instances:
+            if inst.node == node and inst.up:
+                inst.freeze(INF)
+        self.at(self.now + down, self._host_back, node)
+
+    def _host_back(self, node: str) -> None:
+        self.node_host_lost[node] = False
+        for inst in self.instances:
+            if inst.node == node and inst.up:
+                inst.crash()
+        self._node_back(node, False)
+
+    def _node_back(self, node: str, takes: bool) -> None:
+        if self.stopped:
+            return
+        self.node_alive[node] = True
+        self.trace("node_up", detail=node + (" (placement gives it the partition)" if takes else ""))
+        c = self.coord
+        if takes and c.node != node:
+            c.hand_over(lambda: self._next_owner(node, c.node))
+
+    def _node_fault(self, fault: Any) -> None:
+        kind = fault.kind
+        c = self.coord
+        if not self.multi:
+            return
+        if kind == "node_restart":  # SIGTERM: the owner hands over first, then the process exits
+            name, _, how = fault.detail.partition(" ")
+            takes = how == "takes"
+            if not self.node_alive[name]:
+                return
+            if c.node == name and c.hand_over(lambda: (self._exit_node(name, fault.duration_ms, takes),
+                                                       self._next_owner(None, name))):
+                return
+            self._exit_node(name, fault.duration_ms, takes)
+            return
+        if not c.up or not c.owner or c.frozen:
+            self.trace("fault_skipped", detail=f"{kind}: the partition has no serving owner now")
+            return
+        if kind == "partition_move":
+            c.hand_over(lambda: self._next_owner(None, c.node))
+        elif kind == "owner_failover" and fault.detail == "host":
+            self._lose_host(c.node, fault.duration_ms + self.rng_nodes.randint(1_000, 5_000))
+        elif kind == "owner_failover" and fault.detail == "etcd":
+            self.trace("etcd_cut", detail=f"{c.node} cannot reach etcd for {fault.duration_ms} ms")
+            self.node_etcd_cut_until[c.node] = self.now + fault.duration_ms
+        elif kind == "owner_failover":
+            self._exit_node(c.node, fault.duration_ms + self.rng_nodes.randint(1_000, 5_000))
+        elif kind == "deposed_late_write":
+            if fault.detail == "write":
+                c.freeze_armed = fault.duration_ms
+                self.at(self.now + DEPOSED_ARM_MS, self._freeze_anyway, c)
+            else:
+                self.trace("owner_frozen", detail=f"{c.node} for {fault.duration_ms} ms (idle)")
+                self.freeze_node(c.node, self.now + fault.duration_ms)
+
+    def _find_coordinator_ms(self) -> int:
+        """CoordinatorClient._find_coordinator over the bootstrap list (every node, in random
+        order): a dead node refuses at once; a frozen one accepts the connection (its kernel
+        does) and answers when it wakes, or the request times out and the next is asked."""
+        order = list(self.node_names)
+        self.rng_nodes.shuffle(order)
+        timeout = self.scenario.find_timeout_ms or self.scenario.request_timeout_ms
+        t = 0
+        for node in order:
+            if self.node_host_lost[node]:
+                t += CONNECT_TIMEOUT_MS
+                continue
+            if not self.node_alive[node]:
+                t += self.latency()
+                continue
+            wakes = self.node_frozen_until[node] - (self.now + t)
+            if wakes > 0:
+                if wakes >= timeout:
+                    t += timeout
+                    continue
+                t += wakes
+            return t + self.latency() + self.latency()
+        return t
+
     def _coordinator_back(self) -> None:
         self.trace("coordinator_restart")
         self.coord.restart()
@@ -1740,6 +2220,8 @@ class Simulation:
             admin.inc = 1
 
         def ok(resp: Any) -> None:
+            if self.multi and resp.error_code in RETRY_COORDINATOR:
+                admin.invalidate()  # AdminSession finds the coordinator again
             if resp.error_code in (E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS,
                                    E.NOT_COORDINATOR):
                 retry("retriable error")
@@ -1807,6 +2289,8 @@ class Simulation:
             self._loop(INF)
             if not self.stopped and self.converged_at is None:
                 self.violate(f"did not converge within {sc.convergence_bound_ms} ms after the faults ended")
+        if not self.violation:
+            self.check_store("at the end of the run")
         return self._result(time.perf_counter() - started)
 
     def _start_faults(self) -> None:
@@ -1834,7 +2318,8 @@ class Simulation:
     def _faults_over(self) -> None:
         self.phase = "converging"
         self.trace("faults_end")
-        self._check_core(self.coord) if self.coord.up and not self.coord.loading else None
+        c = self.coord
+        self._check_core(c) if c.up and not c.loading and c.owner and not c.frozen else None
         self.maybe_converged()
 
     def _give_up(self) -> None:
@@ -1912,9 +2397,11 @@ class Simulation:
             "wall_ms": round(wall_s * 1000, 3),
         }
         extra: dict[str, object] = {
-            "zombie_ms": zombie, "fail_stops": self.fail_stops, "heartbeats": self.heartbeats,
+            "zombie_ms": zombie, "fail_stops": self.fail_stops, "self_fences": self.self_fences,
+            "heartbeats": self.heartbeats,
             "computations": self.computations,
-            "coordinator_batches": self.coord.batches, "phase_start_ms": self.phase_start,
+            "coordinator_batches": sum(c.batches for c in self.instances),
+            "phase_start_ms": self.phase_start,
             "faults_end_ms": self.faults_end if self.faults_end < INF else -1,
         }
         return RunResult(metrics, self.events, extra)

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field, replace
 
 Range = tuple[int, int]
 
+DEPOSED_ARM_MS = 2_000
+"""A ``deposed_late_write`` with a write in flight freezes the owner at its next batch that
+writes, waiting at most this long (then it freezes it anyway)."""
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -59,6 +63,13 @@ class Scenario:
     load_ms: Range = (50, 500)
     request_timeout_ms: int = 30_000
     client_max_backoff_ms: int = 1_000  # CoordinatorClient's reconnect backoff ceiling (was 5 s)
+    heartbeat_timeout_ms: int = 0
+    """How long a heartbeat waits for its answer beyond its MaxWaitMs before the client gives up
+    on the connection (and finds the coordinator again). 0: the request timeout, as the worker
+    does (``request_timeout_ms``); a what-if for a frozen coordinator node (docs/simulation.md)."""
+    find_timeout_ms: int = 0
+    """How long FindCoordinator waits for a bootstrap node's answer before it asks the next one.
+    0: the request timeout, as CoordinatorClient does; a what-if like ``heartbeat_timeout_ms``."""
     # -- faults -----------------------------------------------------------------------------------------
     window_ms: int = 30_000
     """Faults start within [0, window_ms) of the fault phase (a rolling bounce runs until done)."""
@@ -101,6 +112,56 @@ class Scenario:
     """Probability that a message is lost during the fault phase (its connection resets)."""
     append_fail: float = 0.0
     fsync_fail: float = 0.0
+    # -- several coordinator nodes (issue 12: partition ownership through etcd leases) ------------
+    nodes: int = 1
+    """Coordinator nodes. 1: the embedded file store (one daemon, ``coordinator_restart``). More:
+    the group's partition is owned by one node at a time through an etcd lease; its records live
+    in etcd, written fenced on the ownership; the owner moves between nodes (the faults below)."""
+    lease_ttl_ms: int = 5_000
+    """The node lease's TTL: renewed every third of it; a killed or frozen owner's lease expires
+    (counted by etcd from its last renewal's arrival) before another node can take over."""
+    lease_margin_ms: int = 500
+    """The owner answers only while its lease is certainly valid by more than this (the TTL
+    counted from the last successful renewal's *send*, NodeLease.remaining())."""
+    handover_ms: Range = (5, 100)
+    """From an owner releasing (or its lease expiring) to the next owner's acquire: the watch
+    event and the acquire transaction."""
+    partition_moves: int = 0
+    """Graceful handovers (placement moves the partition, or its owner is stopped with SIGTERM):
+    the owner answers NOT_COORDINATOR to what it has not handled and to its parked long polls,
+    lets the write in flight commit, releases; the next owner loads at once."""
+    owner_failovers: int = 0
+    """The owner node is killed (kill -9): its connections reset, nothing answers until its lease
+    expires (``lease_ttl_ms`` after its last renewal) and another node acquires and loads."""
+    owner_hosts_lost: int = 0
+    """The owner's host becomes unreachable (power lost, cut off the network): no RST, so the
+    workers' connections to it hang until their requests time out; connecting to it times out
+    (2 s); its lease expires and another node loads. It comes back (restarted) later."""
+    owner_etcd_cuts: int = 0
+    """The owner is cut off from etcd (not from the workers) for ``etcd_cut_ms``: its renewals
+    fail, so it must stop answering before its lease can expire; a write waits for etcd and is
+    then fenced."""
+    etcd_cut_ms: Range = (2_000, 12_000)
+    deposed_writes: int = 0
+    """The owner node is frozen (SIGSTOP) for ``deposed_freeze_ms``, past its lease, with a write
+    in flight (a worker joins at that instant to make one; the freeze waits for its batch, at most
+    ``DEPOSED_ARM_MS``): another node takes over; when it wakes it tries to commit that write and
+    to answer what waited in its sockets."""
+    deposed_idle: int = 0
+    """The same, the owner frozen whatever it is doing (often idle: steady heartbeats only)."""
+    deposed_freeze_ms: Range = (6_000, 25_000)
+    node_restarts: int = 0
+    """Rounds of rolling restarts of every coordinator node (SIGTERM, down ``node_down_ms``,
+    started again), one node after another: the owner's stop is a graceful handover, and a node
+    that comes back takes the partition (a handover to it) with probability 1/nodes (the
+    placement gives a joining node its share)."""
+    node_down_ms: Range = (1_000, 5_000)
+    fenced_writes: bool = True
+    """TEST ONLY (off: a deposed owner's write is applied; tests/test_simulation.py shows the
+    invariants catch it)."""
+    lease_checked: bool = True
+    """TEST ONLY (off: the owner neither checks its lease before answering nor gives the partition
+    up when it cannot renew it; it learns it was deposed only from a refused write)."""
     max_faulted: int = 10
     convergence_bound_ms: int = 60_000
     """After the last fault ends, the group must converge within this long."""
@@ -169,6 +230,31 @@ class Scenario:
         for k in range(self.connector_changes):
             faults.append(Fault(t(), "connectors", -1, 0, ("add", "delete", "resize")[k % 3]))
         new_slot = workers
+        for _ in range(self.partition_moves):
+            faults.append(Fault(t(), "partition_move", -1))
+        for _ in range(self.owner_failovers):
+            faults.append(Fault(t(), "owner_failover", -1, self.lease_ttl_ms, "kill"))
+        for _ in range(self.owner_hosts_lost):
+            faults.append(Fault(t(), "owner_failover", -1, self.lease_ttl_ms, "host"))
+        for _ in range(self.owner_etcd_cuts):
+            faults.append(Fault(t(), "owner_failover", -1, d(self.etcd_cut_ms), "etcd"))
+        for _ in range(self.deposed_writes):
+            at = t()
+            faults.append(Fault(at, "deposed_late_write", -1, d(self.deposed_freeze_ms), "write"))
+            faults.append(Fault(at, "join", new_slot))  # the write: a worker joins then
+            new_slot += 1
+        for _ in range(self.deposed_idle):
+            faults.append(Fault(t(), "deposed_late_write", -1, d(self.deposed_freeze_ms), "idle"))
+        at = rng.randrange(1_000, 3_000) if self.node_restarts and self.nodes > 1 else 0
+        for _ in range(self.node_restarts if self.nodes > 1 else 0):
+            order = list(range(self.nodes))
+            rng.shuffle(order)
+            for node in order:
+                down = d(self.node_down_ms)
+                takes = rng.randrange(self.nodes) == 0
+                how = " takes" if takes else ""
+                faults.append(Fault(at, "node_restart", -1, down, f"n{node + 1}{how}"))
+                at += down + d(self.rolling_gap_ms)
         for _ in range(self.joins):
             faults.append(Fault(t(), "join", new_slot))
             new_slot += 1
@@ -187,6 +273,8 @@ class Scenario:
         end = 0
         for f in faults:
             end = max(end, f.at_ms + max(0, f.duration_ms if f.kind != "slow_revocation" else 0))
+            if f.kind == "deposed_late_write":  # it waits up to DEPOSED_ARM_MS for a write
+                end = max(end, f.at_ms + DEPOSED_ARM_MS + f.duration_ms)
             # (a bad_stops window counts: the faults end when the plugin behaves again)
         if self.loss or self.append_fail or self.fsync_fail:
             end = max(end, self.window_ms)
@@ -255,6 +343,45 @@ SCENARIOS: dict[str, Scenario] = {
            "The coordinator process restarts (twice): uncommitted writes are lost, the state is "
            "rebuilt by replaying its log, every member gets a fresh session.",
            coordinator_restarts=2, bounces=1, window_ms=30_000, convergence_bound_ms=_HOLD + 60_000),
+        # -- several coordinator nodes (issue 12) --------------------------------------------------
+        _s("coordinator-handover",
+           "Three coordinator nodes on etcd: the group's partition moves to another node three "
+           "times (graceful handover: NOT_COORDINATOR, rediscovery, the next owner loads the "
+           "records at once and restarts every session clock) while a worker bounces.",
+           nodes=3, partition_moves=3, bounces=1, window_ms=30_000,
+           convergence_bound_ms=_HOLD + 60_000, tags=("nodes",)),
+        _s("coordinator-failover",
+           "Three coordinator nodes: the owner is killed (kill -9) twice; nothing answers until its "
+           "5 s lease expires, then another node loads the partition; a worker joins meanwhile.",
+           nodes=3, owner_failovers=2, joins=1, window_ms=40_000,
+           convergence_bound_ms=_HOLD + 60_000, tags=("nodes",)),
+        _s("coordinator-isolated",
+           "Three coordinator nodes: the owner's host becomes unreachable (no RST: the workers' "
+           "connections hang until their requests time out), and later the owner of the day is cut "
+           "off from etcd for 2-12 s (it must stop answering before its lease can expire; its "
+           "writes wait for etcd and are then fenced); a worker joins meanwhile.",
+           nodes=3, owner_hosts_lost=1, owner_etcd_cuts=1, joins=1, window_ms=40_000,
+           convergence_bound_ms=_HOLD + 60_000, tags=("nodes",)),
+        _s("deposed-owner",
+           "Three coordinator nodes: the owner is frozen (SIGSTOP) for 6-25 s, past its 5 s lease, "
+           "with a write in flight (a worker joins then); another node takes over; when it wakes "
+           "its write is refused by the fence and it answers nothing for the partition. Later the "
+           "owner of the day is frozen while idle; connections drop and the partition moves once "
+           "meanwhile.",
+           nodes=3, deposed_writes=1, deposed_idle=1, conn_drops=3, partition_moves=1, window_ms=40_000,
+           convergence_bound_ms=_HOLD + 60_000, tags=("nodes",)),
+        _s("deposed-owner-short",
+           "Three coordinator nodes: the owner is frozen (SIGSTOP) while idle for 6-8 s, just past "
+           "its 5 s lease: the workers' sessions outlive the freeze, so when it wakes they are "
+           "still connected to it and it must answer them NOT_COORDINATOR (its lease is no longer "
+           "certain), not from its stale state; a worker joins meanwhile.",
+           nodes=3, deposed_idle=1, deposed_freeze_ms=(6_000, 8_000), joins=1, window_ms=40_000,
+           convergence_bound_ms=_HOLD + 60_000, tags=("nodes",)),
+        _s("coordinator-upgrade",
+           "Two rounds of restarts of the three coordinator nodes (SIGTERM, back 1-5 s later, one "
+           "after another): the owner hands the partition over as it stops, a node that comes "
+           "back may take it (a handover to it): several handovers in a row.",
+           nodes=3, node_restarts=2, convergence_bound_ms=_HOLD + 60_000, tags=("nodes",)),
         _s("lossy-network",
            "1% of the messages are lost (their connection resets) and connections drop: lost "
            "responses, resent full heartbeats, reconnects with backoff.",
@@ -316,5 +443,11 @@ SCENARIOS.update({
         SCENARIOS["random-faults"].with_(
             name="random-faults-generated", identity="generated",
             description="The soak with member ids generated by the coordinator (a new one per process)."),
+        SCENARIOS["random-faults"].with_(
+            name="random-faults-nodes", nodes=3, coordinator_restarts=0, partition_moves=1,
+            owner_failovers=1, deposed_writes=1, tags=("soak", "nodes"),
+            description="The soak on three coordinator nodes: a handover, an owner killed and an "
+                        "owner frozen past its lease with a write in flight instead of the "
+                        "coordinator restart."),
     )
 })
