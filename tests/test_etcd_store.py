@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from etcd3aio import Etcd3Client
-from etcd3aio.kv import prefix_range_end
+from etcd3aio.kv import KVService, prefix_range_end
 
 from connect_wire.items import CONNECTOR, Item
 from coordinator.group import records as rec
@@ -492,3 +492,29 @@ async def test_a_node_whose_renewals_fail_knows_its_lease_may_be_gone(tmp_path: 
             await lease.close()
     finally:
         server.stop()
+
+
+async def test_a_write_sent_before_a_reload_cannot_land_after_it(
+    client: Etcd3Client, prefix: str
+) -> None:
+    """A commit whose outcome was unknown (a timeout) may still be applied by etcd later. The
+    reload that follows re-writes the fence, so such a write, applied after the reload read
+    the partition, fails instead of changing etcd behind the loaded state. (With the owner
+    compare alone it would succeed: the owner did not change.)"""
+    lease = await NodeLease.grant(client, 30)
+    try:
+        store = await EtcdPartitionStore.acquire(client, prefix, 7, "node-a", lease)
+        store.append([(b"k1", b"v1")])
+        await store.commit()
+        in_flight = store._write_compares()  # what a commit sent before the reload carried
+        assert [k for k, _ in await store.reload()] == [b"k1"]
+        late = await client.kv.txn(
+            in_flight, [KVService.txn_op_put(store.records_prefix + b"k2", b"\x00v2")],
+            max_attempts=1)
+        assert not late.succeeded
+        assert [k for k, _ in await store.load()] == [b"k1"]
+        store.append([(b"k3", b"v3")])  # the store itself writes on
+        await store.commit()
+        assert [k for k, _ in await store.load()] == [b"k1", b"k3"]
+    finally:
+        await lease.close()

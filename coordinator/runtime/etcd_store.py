@@ -32,6 +32,10 @@ election recipe does. Every write transaction then compares the owner key's crea
 the one we created: if the lease expired (the key is gone) or another node took it over (a new
 create revision), the transaction's compare fails and NOTHING of it is applied; the store raises
 :class:`Deposed` and refuses everything afterwards; the caller unloads the partition.
+Every write also compares the mod revision of ``{prefix}/partitions/{N}/fence``, which the
+acquire and every :meth:`EtcdPartitionStore.reload` re-write: a write whose outcome was unknown
+(a timeout) and that etcd applies only after the reload read the partition fails there instead
+of changing etcd behind the state just loaded.
 
 Write-before-respond. :meth:`append` only checks and buffers a batch (like
 ``PartitionLog.append`` writing to the page cache); ``await commit()`` sends the buffered batches
@@ -117,7 +121,7 @@ from typing import Any
 
 import grpc
 from etcd3aio import Etcd3Client, EtcdConnectionError, EtcdTransientError
-from etcd3aio._protobuf import TxnRequest
+from etcd3aio._protobuf import Compare, TxnRequest
 from etcd3aio.kv import KVService, prefix_range_end
 
 from coordinator.runtime.log import BatchTooLarge
@@ -399,10 +403,15 @@ class EtcdPartitionStore:
         self.page_keys = page_keys
         self._base = partition_prefix(prefix, partition)
         self.owner_key = owner_key(prefix, partition)
+        self.fence_key = self._base + b"fence"
+        """Re-written by every (re)load; every write compares its mod revision, so a write
+        whose outcome was unknown and that etcd applies only after a reload read the partition
+        fails instead of changing etcd behind the reloaded state."""
+        self.fence_revision = owner_revision
         self.records_prefix = self._base + b"r/"
         self._pending: list[_Txn] = []
         self._position_width = _uvarint_len(max(0, max_txn_ops - 1))
-        self._compare_bytes = _field_len(self._owner_compare().ByteSize())
+        self._compare_bytes = self._compares_bytes()
         self._appends = 0
         self.committed_revision = owner_revision
         self.deposed = False
@@ -438,10 +447,11 @@ class EtcdPartitionStore:
             raise ValueError(f"max_request_bytes must be > {REQUEST_OVERHEAD_BYTES}")
         lease_id = lease.id if isinstance(lease, NodeLease) else lease
         key = owner_key(prefix, partition)
+        fence = partition_prefix(prefix, partition) + b"fence"
         value = json.dumps({"node": node_id, "lease": f"{lease_id:x}"}).encode()
         resp = await client.kv.txn(
             [KVService.txn_compare_create_revision(key, 0)],
-            [KVService.txn_op_put(key, value, lease=lease_id)],
+            [KVService.txn_op_put(key, value, lease=lease_id), KVService.txn_op_put(fence, b"")],
             [KVService.txn_op_get(key)],
             timeout=commit_timeout_s, max_attempts=1,
         )
@@ -462,6 +472,8 @@ class EtcdPartitionStore:
         store = cls(client, prefix, partition, node_id, lease_id, owner_revision,
                     max_txn_ops=max_txn_ops, max_request_bytes=max_request_bytes,
                     commit_timeout_s=commit_timeout_s, page_keys=page_keys)
+        if not resp.succeeded:  # ours already: a write of an earlier acquire may be in flight
+            await store.bump_fence()
         log.info("acquired partition %d (owner revision %d)", partition, owner_revision)
         return store
 
@@ -483,6 +495,28 @@ class EtcdPartitionStore:
 
     def _owner_compare(self) -> Any:
         return KVService.txn_compare_create_revision(self.owner_key, self.owner_revision)
+
+    def _write_compares(self) -> list[Any]:
+        """What every write compares: we still own the partition, and no reload since."""
+        return [self._owner_compare(),
+                Compare(result=Compare.EQUAL, target=Compare.MOD, key=self.fence_key,
+                        mod_revision=self.fence_revision)]
+
+    def _compares_bytes(self) -> int:
+        return sum(_field_len(c.ByteSize()) for c in self._write_compares())
+
+    async def bump_fence(self) -> None:
+        """Re-write the fence key (under the owner compare): every write sent before this that
+        etcd has not applied yet now fails its fence compare. :class:`Deposed` if the
+        partition is not ours any more."""
+        resp = await self.client.kv.txn(
+            [self._owner_compare()], [KVService.txn_op_put(self.fence_key, b"")],
+            timeout=self.commit_timeout_s, max_attempts=1)
+        if not resp.succeeded:
+            self.deposed = True
+            raise Deposed(f"partition {self.partition}: no longer owned by this node")
+        self.fence_revision = resp.header.revision
+        self._compare_bytes = self._compares_bytes()
 
     # -- loading ----------------------------------------------------------------------------------
 
@@ -524,9 +558,12 @@ class EtcdPartitionStore:
     async def reload(self, sink: RecordSink | None = None) -> list[tuple[bytes, bytes]]:
         """After :class:`ReloadRequired`: check we still own the partition (else
         :class:`Deposed`), then load it again."""
-        if self.deposed or not await self.owns():
-            self.deposed = True
+        if self.deposed:
             raise Deposed(f"partition {self.partition}: no longer owned by this node")
+        # A write whose outcome was unknown may still be applied by etcd later: fence it off
+        # first, so that what the load reads is what etcd keeps (found in review: only the
+        # owner was compared, so such a write could land after the reload's read).
+        await self.bump_fence()
         return await self.load(sink)
 
     # -- writing ----------------------------------------------------------------------------------
@@ -549,7 +586,7 @@ class EtcdPartitionStore:
 
     def _request_bytes(self, writes: dict[bytes, bytes | None]) -> int:
         """The exact size of the TxnRequest commit() would send for ``writes`` (protobuf)."""
-        return TxnRequest(compare=[self._owner_compare()], success=self._ops(writes)).ByteSize()
+        return TxnRequest(compare=self._write_compares(), success=self._ops(writes)).ByteSize()
 
     def _op_bytes(self, key: bytes, value: bytes | None) -> int:
         """Bytes one write adds to the TxnRequest (``success`` entry), computed as protobuf
@@ -632,7 +669,7 @@ class EtcdPartitionStore:
         for txn in txns:
             ops = self._ops(txn.writes)
             try:
-                resp = await self.client.kv.txn([self._owner_compare()], ops,
+                resp = await self.client.kv.txn(self._write_compares(), ops,
                                                 timeout=self.commit_timeout_s, max_attempts=1)
             except Exception as exc:
                 definite = (isinstance(exc, grpc.aio.AioRpcError)
@@ -652,7 +689,8 @@ class EtcdPartitionStore:
             if not resp.succeeded:
                 self.deposed = True
                 raise Deposed(f"partition {self.partition}: the owner key is no longer ours "
-                              f"(created at revision {self.owner_revision}); nothing of this "
+                              f"(created at revision {self.owner_revision}) or another store "
+                              f"reloaded it (fence at {self.fence_revision}); nothing of this "
                               f"transaction was written ({applied} earlier ones of this commit "
                               "were)")
             applied += 1
