@@ -30,7 +30,13 @@ from connect_wire.messages import (
 )
 from coordinator.admin import AdminClient
 from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli
-from tests.etcd_fixture import etcd_endpoint, etcd_server, free_port  # noqa: F401 (fixtures)
+from tests.etcd_fixture import (  # noqa: F401 (fixtures)
+    EtcdCluster,
+    etcd_cluster,
+    etcd_endpoint,
+    etcd_server,
+    free_port,
+)
 from tests.tcp_proxy import TcpProxy
 from tests.test_worker_e2e import Timeline, analyze
 
@@ -396,3 +402,30 @@ def test_a_node_cut_off_from_etcd_stops_answering_before_another_can_own_its_gro
         c.assert_rode_through(since)
     finally:
         proxy.close()
+
+
+def test_the_etcd_leader_killed_under_a_busy_cluster_writes_resume(
+        tmp_path: Path, etcd_cluster: EtcdCluster) -> None:  # noqa: F811
+    """Two coordinator nodes on a 3-member etcd cluster (every node given every member); the
+    etcd leader is SIGKILLed while the workers run: writes resume (a connector created after
+    the kill is stored and starts on a worker), nothing stops or runs twice, and the killed
+    member rejoins."""
+    with DaemonPool(tmp_path) as pool:
+        c = Cluster(tmp_path, pool, ",".join(etcd_cluster.endpoints),
+                    f"/cluster-e2e-leader-{time.time_ns()}", nodes=2)
+        try:
+            since = busy_group(c)
+            leader = etcd_cluster.leader()
+            assert leader is not None
+            etcd_cluster.kill(leader)
+            c.create("post", 1)  # a write after the kill: acknowledged once etcd took it
+            c.wait(lambda: c.steady(6 + 1 + 2), "the new connector to run")
+            etcd_cluster.restart(leader)
+            c.create("post2", 1)
+            c.wait(lambda: c.steady(6 + 1 + 4), "the second new connector to run")
+            time.sleep(1.0)
+            c.assert_rode_through(since)
+            g = c.describe(GROUP)
+            assert sorted(x.name for x in g.connectors) == ["post", "post2", "rec"]
+        finally:
+            c.close()
