@@ -111,12 +111,17 @@ class ClusterNode:
 
     # -- start / stop -----------------------------------------------------------------------------
     async def start(self) -> None:
+        from coordinator.server.app import StartupError
+        where = ",".join(self.endpoints)
         try:
             self.client = await etcd_store.connect(self.endpoints)
-        except Exception as exc:
-            raise ConfigError(f"cannot connect to etcd at {','.join(self.endpoints)}: {exc}") from None
-        await self._check_partition_count()
-        await self._join()
+            await self._check_partition_count()
+            await self._join()
+        except (ConfigError, registry.NodeIdTaken):
+            raise
+        except Exception as exc:  # noqa: BLE001 (unreachable, refused, timed out...)
+            raise StartupError(f"cannot use etcd at {where}: "
+                               f"{etcd_store.describe_error(exc)}") from None
         self.nodes = registry.NodeWatcher(self.client, self.prefix, timeout_s=self.timeout_s)
         self.nodes.on_change = lambda _view: self._wake.set()
         await self.nodes.start()

@@ -147,6 +147,8 @@ class EtcdShard(Shard):
         if self.state == ACTIVE:
             await super().close()  # ends with _close_storage: the release
             return
+        if self.state in (CLOSED, UNOWNED):
+            return
         self.state = CLOSED
         with contextlib.suppress(Exception):
             await self.store.release()
@@ -253,8 +255,8 @@ class EtcdShard(Shard):
         return self._reload_reason is not None or self.state == UNOWNED
 
     async def _reload(self) -> None:
-        if self.state == UNOWNED:  # deposed: the consumer ends (_run sees UNOWNED)
-            return
+        if self.state in (UNOWNED, CLOSED):  # deposed (the consumer ends), or handing over:
+            return  # the release follows; the next owner loads what etcd holds
         reason, self._reload_reason = self._reload_reason, None
         log.error("reloading the partition from etcd", partition=self.partition, reason=reason)
         self.metrics.partition_reloads.labels(str(self.partition)).inc()

@@ -716,6 +716,11 @@ class EtcdPartitionStore:
         return revision
 
 
+def describe_error(exc: BaseException) -> str:
+    """A one-line description of an etcd client error (gRPC code and details)."""
+    return _describe(exc)
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
