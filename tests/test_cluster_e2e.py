@@ -43,6 +43,9 @@ from tests.test_worker_e2e import Timeline, analyze
 PLUGIN = "worker_client.examples.recording:RecordingConnector"
 GROUP = "busy"
 SESSION_MS = 10_000
+DEFAULTS_ENV = {  # the README's defaults: session 10 s, heartbeat 3 s, lease TTL 3 s
+    "CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": str(SESSION_MS),
+}
 NODE_ENV = {
     "CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": str(SESSION_MS),
     "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "500",
@@ -64,12 +67,13 @@ class Cluster:
         """Node -> the etcd address it is given (a TcpProxy's, to cut it off)."""
         self.records = base / "records.jsonl"
         self.records.touch()
+        self.env = NODE_ENV
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.ended: dict[int, tuple[float, str]] = {}
 
     # -- coordinator nodes ----------------------------------------------------------------------
     def start(self, i: int) -> Daemon:
-        d = self.pool.start(self.base / f"node{i}", extra_env=NODE_ENV, extra_args=[
+        d = self.pool.start(self.base / f"node{i}", extra_env=self.env, extra_args=[
             "--listen", f"127.0.0.1:{self.ports[i]}", "--store", "etcd",
             "--etcd-endpoints", self.via.get(i, self.endpoint), "--etcd-prefix", self.prefix,
             "--node-id", str(i), "--partitions", str(self.partitions)])
@@ -278,11 +282,16 @@ def test_discovery_lists_every_node_and_names_the_owner(cluster: Cluster) -> Non
     assert {g["group"] if "group" in g else g["group_id"] for g in json.loads(r.stdout)} >= set(groups)
 
 
-def test_kill_9_of_the_owner_moves_the_group_and_stops_nothing(cluster: Cluster) -> None:
+@pytest.mark.parametrize("defaults", [False, True], ids=["short-timeouts", "defaults"])
+def test_kill_9_of_the_owner_moves_the_group_and_stops_nothing(cluster: Cluster,
+                                                                defaults: bool) -> None:
     """``kill -9`` of the node that owns a busy group: the group answers on another node after
     the lease TTL, no task runs twice, no worker stops a task, and a change acknowledged just
-    before the kill is there afterwards."""
+    before the kill is there afterwards. Also with every default (heartbeat interval 3 s,
+    lease TTL 3 s): the failover fits in what the worker's lease leaves."""
     c = cluster
+    if defaults:
+        c.env = DEFAULTS_ENV
     busy_group(c)
     owner = c.coordinator_of(GROUP)
     assert owner is not None
