@@ -245,7 +245,7 @@ SETTINGS: tuple[Setting, ...] = (
             "store=etcd: this node's id, unique among live nodes (Kafka's broker.id: 0 to "
             "2147483647; the node listed in Metadata and FindCoordinator). -1: unset.",
             lambda v: None if -1 <= v <= 2**31 - 1 else "must be within [0, 2147483647]"),
-    Setting("etcd.lease.ttl.ms", int, 3_000,
+    Setting("etcd.lease.ttl.ms", int, 2_000,
             "store=etcd: TTL of the node's etcd lease (whole seconds): a node that dies is "
             "replaced after about this long. Must stay well under the workers' session timeout.",
             lambda v: None if v >= 1000 and v % 1000 == 0 else
@@ -261,8 +261,9 @@ SETTINGS: tuple[Setting, ...] = (
             "store=etcd: etcd's --max-txn-ops (operations per transaction); must not exceed the "
             "servers' value. One request's records must fit in one transaction.", _positive),
     Setting("etcd.max.request.bytes", int, 1536 * 1024,
-            "store=etcd: etcd's --max-request-bytes; must not exceed the servers' value.",
-            lambda v: None if v > 4096 else "must be more than 4096"),
+            "store=etcd: etcd's --max-request-bytes; must not exceed the servers' value. At most "
+            "3.5 MiB: a record must also fit in one answer the etcd client can receive (4 MiB).",
+            lambda v: None if 4096 < v <= 3584 * 1024 else "must be within (4096, 3670016]"),
     Setting("log.format", str, "json", "'json' (JSON lines) or 'console'.", _one_of("json", "console")),
     Setting("log.level", str, "info", "debug, info, warning or error.",
             _one_of("debug", "info", "warning", "error")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +59,22 @@ def test_a_live_node_id_and_another_partition_count_are_refused(
     # The first node stopped (SIGTERM): its id is free at once (its registration was deleted).
     with DaemonPool(tmp_path) as pool:
         pool.start(tmp_path / "n1c", extra_args=etcd_args(etcd_endpoint, prefix, 1, "--partitions", "4"))
+
+
+def test_etcd_endpoint_names_are_resolved_to_ipv4_and_ipv6_is_refused() -> None:
+    from coordinator.runtime.etcd_store import EtcdStoreError, resolve_endpoints
+
+    assert resolve_endpoints(["localhost:2379", "127.0.0.1:2379", "10.0.0.1:2380"]) == [
+        "127.0.0.1:2379", "10.0.0.1:2380"]
+    with pytest.raises(EtcdStoreError, match="IPv6 is not supported"):
+        resolve_endpoints(["[::1]:2379"])
+    with pytest.raises(EtcdStoreError, match="cannot resolve 'no-such-host.invalid'"):
+        resolve_endpoints(["no-such-host.invalid:2379"])
+
+
+def test_a_node_given_etcd_by_host_name_starts_and_serves(
+        tmp_path: Path, etcd_server: Any) -> None:  # noqa: F811
+    with DaemonPool(tmp_path) as pool:
+        d = pool.start(tmp_path / "n", extra_args=etcd_args(
+            f"localhost:{etcd_server.client_port}", f"/byname-{time.time_ns()}", 1))
+        assert "localhost" in d.banner

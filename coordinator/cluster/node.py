@@ -132,10 +132,28 @@ class ClusterNode:
         await self.owners.start()
         self.server.metrics.etcd_lease_remaining.set_function(
             lambda: max(0.0, self.lease_remaining()))
+        self._warn_if_failover_outlasts_sessions()
         self._loop = asyncio.create_task(self._reconcile_loop(), name="etcd-placement")
         log.info("node joined", node_id=self.node_id, prefix=self.prefix,
                  endpoints=",".join(self.endpoints), lease_ttl_s=self.ttl_s,
                  nodes=[n for n, _, _ in self.live_nodes()])
+
+    def _warn_if_failover_outlasts_sessions(self) -> None:
+        """A worker's lease runs from the send of its last answered heartbeat, and its long
+        polls last up to min(heartbeat interval, session / 3): when a node dies, a worker may
+        have only session - 2 x that left. Taking over a dead node's partitions takes up to the
+        lease TTL, plus etcd's expiry check (up to 0.5 s), the load and the worker's retry
+        (about 1 s). If that does not fit, a worker can stop its work on a failover."""
+        g = self.server.group_config
+        poll_ms = min(g.heartbeat_interval_ms, g.session_timeout_ms // 3)
+        budget_ms = g.session_timeout_ms - 2 * poll_ms
+        failover_ms = self.ttl_s * 1000 + 1500
+        if failover_ms > budget_ms:
+            log.warning("a failover may outlast the workers' sessions: lower etcd.lease.ttl.ms "
+                        "or group.connect.heartbeat.interval.ms, or raise the session timeout",
+                        lease_ttl_ms=self.ttl_s * 1000, failover_up_to_ms=failover_ms,
+                        session_ms=g.session_timeout_ms, heartbeat_interval_ms=g.heartbeat_interval_ms,
+                        worker_budget_ms=budget_ms)
 
     async def _check_partition_count(self) -> None:
         key = f"{self.prefix}/config".encode()
@@ -215,7 +233,9 @@ class ClusterNode:
             if isinstance(shard, EtcdShard):
                 shard.lose("the node's etcd lease was lost")
         with contextlib.suppress(Exception):
-            await lease.close()  # revoke, in case etcd still holds it: frees our keys now
+            # Revoke, in case etcd still holds it (only our renewals failed): frees our old
+            # registration and owner keys now instead of at the TTL.
+            await lease.close(even_if_lost=True)
         delay = 0.1
         while not self._stopping:
             try:

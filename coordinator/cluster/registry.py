@@ -2,9 +2,9 @@
 
     {prefix}/nodes/{node_id} = {"host": <advertised host>, "port": <advertised port>}
 
-IN PROGRESS: nothing in the daemon uses this module yet (``serve`` runs one node on the file
-store); a later change registers the node at start and feeds :class:`NodeWatcher`'s view to
-the partition placement (:mod:`coordinator.cluster.placement`) and to Metadata.
+With ``store = "etcd"`` every node registers at start (:mod:`coordinator.cluster.node`) and
+feeds :class:`NodeWatcher`'s view to the partition placement (:mod:`coordinator.cluster.placement`)
+and to Metadata; :class:`PrefixWatcher` also watches the partitions' owner keys.
 
 * :func:`register` creates the key with the node's :class:`~coordinator.runtime.etcd_store.NodeLease`
   in a transaction comparing ``create_revision == 0``, so two processes given the same node id

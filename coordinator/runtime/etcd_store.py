@@ -1,9 +1,9 @@
 """A coordinator partition stored in etcd, owned by one node at a time and fenced (issue 12).
 
-IN PROGRESS: nothing in the daemon uses this module yet; the file log
-(:mod:`coordinator.runtime.log`) is the store. This is the foundation a later change wires into
-the shard: ownership by lease, fenced write-before-respond commits, bounded batches, and a load
-that reads only the live state. docs/etcd.md has the design and the measurements behind it.
+With ``store = "etcd"`` the shard runs on this store (:mod:`coordinator.runtime.etcd_shard`) and
+the node (:mod:`coordinator.cluster.node`) acquires and releases partitions with it: ownership by
+lease, fenced write-before-respond commits, bounded batches, and a load that reads only the live
+state. docs/etcd.md has the design and the measurements behind it.
 
 Keys (``prefix`` is ``etcd.prefix``, e.g. ``/connect-coordinator``)::
 
@@ -276,6 +276,16 @@ class _Txn:
 # -- the node's lease -------------------------------------------------------------------------
 
 
+def lease_clock() -> float:
+    """Seconds on a clock that keeps counting while the host is suspended (CLOCK_BOOTTIME on
+    Linux; time.monotonic stops during a suspend, so a node woken from one would believe its
+    lease still valid). Falls back to time.monotonic elsewhere."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 class NodeLease:
     """The node's etcd lease, kept alive in the background.
 
@@ -300,7 +310,7 @@ class NodeLease:
                     keep_alive: bool = True) -> NodeLease:
         if ttl_s < 1:
             raise ValueError(f"lease TTL must be >= 1 s, got {ttl_s}")
-        sent = time.monotonic()
+        sent = lease_clock()
         resp = await client.lease.grant(ttl_s, timeout=request_timeout_s, max_attempts=1)
         if resp.error:
             raise EtcdStoreError(f"lease grant refused: {resp.error}")
@@ -313,11 +323,11 @@ class NodeLease:
         """Seconds the lease is certainly still valid (<= 0: it may have expired)."""
         if self.lost.is_set():
             return 0.0
-        return self._valid_until - time.monotonic()
+        return self._valid_until - lease_clock()
 
     async def renew(self) -> bool:
         """One keep-alive round trip; True if etcd renewed the lease."""
-        sent = time.monotonic()
+        sent = lease_clock()
         stream = self.client.lease.keep_alive(self.id)
         try:
             async with asyncio.timeout(self.request_timeout_s):
@@ -360,9 +370,11 @@ class NodeLease:
                 await self._task
             self._task = None
 
-    async def close(self, *, revoke: bool = True) -> None:
+    async def close(self, *, revoke: bool = True, even_if_lost: bool = False) -> None:
+        """Stop renewing and revoke the lease (its keys go at once). ``even_if_lost``: revoke
+        a lease given up as lost too (etcd may still hold it if only our renewals failed)."""
         await self.stop_keep_alive()
-        if revoke and not self.lost.is_set():
+        if revoke and (even_if_lost or not self.lost.is_set()):
             with contextlib.suppress(Exception):
                 await self.client.lease.revoke(self.id, timeout=self.request_timeout_s)
         self.lost.set()
@@ -731,9 +743,43 @@ def _describe(exc: BaseException) -> str:
     return repr(exc)
 
 
+def resolve_endpoints(endpoints: Sequence[str]) -> list[str]:
+    """``HOST:PORT`` entries as ``IPV4:PORT``: etcd3aio dials an ``ipv4:`` gRPC target, which
+    takes only IPv4 literals, so host names are resolved here (once: every IPv4 address of the
+    name, in order, duplicates dropped). Raises EtcdStoreError naming an entry that cannot be
+    used (an IPv6 address, a name without an IPv4 address)."""
+    import ipaddress
+    import socket
+
+    out: list[str] = []
+    for endpoint in endpoints:
+        host, _, port = endpoint.strip().rpartition(":")
+        host = host.strip("[]")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            try:
+                infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+            except (OSError, ValueError) as exc:
+                raise EtcdStoreError(f"etcd endpoint {endpoint!r}: cannot resolve {host!r} to an "
+                                     f"IPv4 address ({exc})") from None
+            addresses = [str(info[4][0]) for info in infos]
+        else:
+            if ip.version != 4:
+                raise EtcdStoreError(f"etcd endpoint {endpoint!r}: IPv6 is not supported by the "
+                                     "etcd client (etcd3aio dials IPv4 only); use an IPv4 "
+                                     "address or a name that resolves to one")
+            addresses = [host]
+        for address in addresses:
+            if f"{address}:{port}" not in out:
+                out.append(f"{address}:{port}")
+    return out
+
+
 async def connect(endpoints: Sequence[str], **tls: bytes | None) -> Etcd3Client:
     """An etcd3aio client for the store: reads retry (the library's default of 3 attempts);
-    every write of this module passes ``max_attempts=1`` itself."""
-    client = Etcd3Client(list(endpoints), **tls)
+    every write of this module passes ``max_attempts=1`` itself. Host names are resolved to
+    IPv4 addresses once, here (:func:`resolve_endpoints`)."""
+    client = Etcd3Client(resolve_endpoints(endpoints), **tls)
     await client.connect()
     return client
