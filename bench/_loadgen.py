@@ -3,6 +3,11 @@
 
 SPEC: host, port, group, members ([member_id, epoch] pairs), connections, depth, warmup_s,
 duration_s, check (decode a sample of responses and count errors: on for the coordinator).
+Several servers/groups at once: ``targets``, a list of {host, port, group, members,
+connections}, instead of the first five (``bench/cluster.py``: each group at its node).
+``announce``: print ``measuring`` when the measured window opens and ``measured`` when it
+closes (a caller samples the servers' CPU time then). The result includes the generator's own
+CPU seconds in the window (``cpu_seconds``).
 Members are spread round robin over the connections; each connection keeps ``min(depth, its
 members)`` steady heartbeats (MemberEpoch = the member's epoch, every optional field null,
 MaxWaitMs = 0) in flight, one per member at most, and sends the next one the moment a response
@@ -121,25 +126,35 @@ def frames_for(group: str, members: list[tuple[str, int]]) -> list[bytes]:
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    members = [tuple(m) for m in spec["members"]]
-    connections = spec["connections"]
+    targets = spec.get("targets") or [{k: spec[k] for k in
+                                       ("host", "port", "group", "members", "connections")}]
     stats = Stats()
     clients = []
-    for c in range(connections):
-        mine = members[c::connections]
-        if not mine:
-            continue
-        frames = frames_for(spec["group"], mine)  # type: ignore[arg-type]
-        depth = max(1, min(spec["depth"], len(frames)))
-        _, proto = await loop.create_connection(
-            lambda f=frames, d=depth: Client(f, d, stats, spec["check"]), spec["host"], spec["port"])
-        clients.append(proto)
+    for target in targets:
+        members = [tuple(m) for m in target["members"]]
+        connections = target["connections"]
+        for c in range(connections):
+            mine = members[c::connections]
+            if not mine:
+                continue
+            frames = frames_for(target["group"], mine)  # type: ignore[arg-type]
+            depth = max(1, min(spec["depth"], len(frames)))
+            _, proto = await loop.create_connection(
+                lambda f=frames, d=depth: Client(f, d, stats, spec["check"]),
+                target["host"], target["port"])
+            clients.append(proto)
     await asyncio.sleep(spec["warmup_s"])
+    if spec.get("announce"):
+        print("measuring", flush=True)
     stats.measuring = True
     started = time.perf_counter()
+    cpu_started = time.process_time()
     await asyncio.sleep(spec["duration_s"])
     stats.measuring = False
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
+    if spec.get("announce"):
+        print("measured", flush=True)
     in_flight = sum(c.depth for c in clients)
     for c in clients:
         if c.transport is not None:
@@ -158,7 +173,8 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     return {"requests": stats.count, "seconds": elapsed, "per_second": stats.count / elapsed,
             "p50_us": pct(0.50), "p99_us": pct(0.99), "connections": len(clients),
-            "in_flight": in_flight, "checked": len(stats.samples), "errors": errors}
+            "in_flight": in_flight, "checked": len(stats.samples), "errors": errors,
+            "cpu_seconds": cpu}
 
 
 def main() -> int:
