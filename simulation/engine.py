@@ -68,6 +68,7 @@ from worker_client.assignors import (
     group_from_prepare,
     install_request,
 )
+from worker_client.membership import RETRY as MEMBERSHIP_RETRY
 from worker_client.membership import Assign, AssignorAd, Compute, Fatal, Lost, Membership, Revoke, State
 
 from .scenarios import DEPOSED_ARM_MS, Fault, Scenario
@@ -648,11 +649,11 @@ class CoordinatorNode:
         sim = self.sim
         self.loading = True
         self.core = self._new_core()
-        for record in sim.store.log.values():
-            self.core.replay(record)
         try:
+            for record in sim.store.log.values():
+                self.core.replay(record)
             check_invariants(self.core.state, self.epochs)
-        except InvariantViolation as exc:
+        except Exception as exc:  # InvariantViolation, or a ReplayError (the records contradict)
             sim.violate(f"state replayed from the log breaks invariants: {exc}")
             return
         sim.check_store(f"{self.node} loading")
@@ -1092,7 +1093,7 @@ class SimWorker:
         sim.trace("heartbeat", self.name, epoch=req.member_epoch,
                   detail=("full" if req.client_assignors is not None else "")
                   + (" keepalive" if busy else ""))
-        timeout = (sim.scenario.heartbeat_timeout_ms or sim.scenario.request_timeout_ms) + req.max_wait_ms
+        timeout = self.heartbeat_answer_budget + req.max_wait_ms
         self.hb = self.send("hb", req, self._on_heartbeat, self._on_heartbeat_failed, timeout)
 
     def _block_until(self, t: int) -> None:
@@ -1121,6 +1122,8 @@ class SimWorker:
                   detail=_response_detail(resp, actions))
         if resp.error_code in RETRY_COORDINATOR:
             self.invalidate()
+        if resp.error_code in MEMBERSHIP_RETRY:  # (retried after min(interval, 1 s)): within the lease
+            m.next_heartbeat_ms = sim.now + self.retry_delay(max(0, m.next_heartbeat_ms - sim.now))
         self.queue.extend(actions)
         self._handle_queue()
 
@@ -1145,7 +1148,7 @@ class SimWorker:
 
     def _on_heartbeat_failed(self, why: str) -> None:
         self.hb = None
-        self.m.on_failure(self.sim.now, self.backoff())
+        self.m.on_failure(self.sim.now, self.retry_delay(self.backoff()))
         self.sim.trace("heartbeat_failed", self.name, detail=why)
         self.wake()
 
@@ -1420,6 +1423,29 @@ class SimWorker:
             self.wake()
 
     # -- the client: two connections, reconnect with backoff -------------------------------------------
+    @property
+    def heartbeat_answer_budget(self) -> int:
+        """Worker.heartbeat_answer_budget_s (ff1e79c): a heartbeat's answer may take this long
+        beyond its MaxWaitMs, then the connection is given up and the coordinator looked up
+        again: a fifth of the session (1 s to the request timeout). It was the request timeout
+        (30 s), and a frozen or unreachable coordinator node held the worker past its session."""
+        sc = self.sim.scenario
+        if sc.heartbeat_timeout_ms:
+            return sc.heartbeat_timeout_ms
+        return min(sc.request_timeout_ms, max(1_000, sc.session_timeout_ms // 5))
+
+    def retry_delay(self, delay: int) -> int:
+        """Worker._retry_delay_ms (ff1e79c): the wait before the next heartbeat after a failed one
+        or a retriable error, never more than a quarter of what is left of the lease (nor less
+        than half the client's base backoff, 50 ms)."""
+        last = self.m.last_success_ms
+        if last is None or self.sim.scenario.retry_within_lease is False:
+            return delay
+        left = last + self.sim.scenario.session_timeout_ms - self.sim.now
+        if left <= 0:
+            return delay
+        return min(delay, max(left // 4, 50))
+
     def backoff(self) -> int:
         ceiling = min(self.sim.scenario.client_max_backoff_ms, 100 * (2 ** min(self.failures, 16)))
         return int(self.sim.rng_client.uniform(50, max(100, ceiling)))
@@ -1676,8 +1702,7 @@ class Simulation:
         if isinstance(pend.request, ConnectGroupHeartbeatRequest):
             self.heartbeats += 1
         conn.inflight.append(pend)
-        if self.multi:  # (the client's request timeout runs from when the request is written)
-            pend.deadline = self.now + pend.timeout
+        pend.deadline = self.now + pend.timeout  # (the client's timeout runs from the write)
         conn.worker.at(pend.deadline, conn.worker.timeout, conn, pend)
         if self._lost():
             self.trace("message_lost", conn.worker.name, detail=type(pend.request).__name__)
@@ -2180,7 +2205,7 @@ class Simulation:
         does) and answers when it wakes, or the request times out and the next is asked."""
         order = list(self.node_names)
         self.rng_nodes.shuffle(order)
-        timeout = self.scenario.find_timeout_ms or self.scenario.request_timeout_ms
+        timeout = min(self.scenario.find_timeout_ms, self.scenario.request_timeout_ms)
         t = 0
         for node in order:
             if self.node_host_lost[node]:

@@ -64,12 +64,16 @@ class Scenario:
     request_timeout_ms: int = 30_000
     client_max_backoff_ms: int = 1_000  # CoordinatorClient's reconnect backoff ceiling (was 5 s)
     heartbeat_timeout_ms: int = 0
-    """How long a heartbeat waits for its answer beyond its MaxWaitMs before the client gives up
-    on the connection (and finds the coordinator again). 0: the request timeout, as the worker
-    does (``request_timeout_ms``); a what-if for a frozen coordinator node (docs/simulation.md)."""
-    find_timeout_ms: int = 0
-    """How long FindCoordinator waits for a bootstrap node's answer before it asks the next one.
-    0: the request timeout, as CoordinatorClient does; a what-if like ``heartbeat_timeout_ms``."""
+    """How long a heartbeat waits for its answer beyond its MaxWaitMs before the worker gives up
+    the connection (and finds the coordinator again). 0: the worker's (since ff1e79c), a fifth of
+    the session, 1 s to the request timeout; before it was the request timeout (30 s)."""
+    find_timeout_ms: int = 2_000
+    """How long FindCoordinator waits for a bootstrap node's answer before it asks the next one
+    (CoordinatorClient's discovery timeout since ff1e79c; it was the request timeout, 30 s)."""
+    retry_within_lease: bool = True
+    """The worker retries a failed heartbeat (or a retriable error) after at most a quarter of
+    what is left of its lease (Worker._retry_delay_ms, ff1e79c); False: the plain backoff, as
+    before (what-if)."""
     # -- faults -----------------------------------------------------------------------------------------
     window_ms: int = 30_000
     """Faults start within [0, window_ms) of the fault phase (a rolling bounce runs until done)."""
@@ -372,9 +376,10 @@ SCENARIOS: dict[str, Scenario] = {
            convergence_bound_ms=_HOLD + 60_000, tags=("nodes",)),
         _s("deposed-owner-short",
            "Three coordinator nodes: the owner is frozen (SIGSTOP) while idle for 6-8 s, just past "
-           "its 5 s lease: the workers' sessions outlive the freeze, so when it wakes they are "
-           "still connected to it and it must answer them NOT_COORDINATOR (its lease is no longer "
-           "certain), not from its stale state; a worker joins meanwhile.",
+           "its 5 s lease and shorter than the workers' sessions: they must give up its hanging "
+           "connections and find the new owner in time; when it wakes it must answer "
+           "NOT_COORDINATOR (its lease is no longer certain), not from its stale state; a worker "
+           "joins meanwhile.",
            nodes=3, deposed_idle=1, deposed_freeze_ms=(6_000, 8_000), joins=1, window_ms=40_000,
            convergence_bound_ms=_HOLD + 60_000, tags=("nodes",)),
         _s("coordinator-upgrade",
