@@ -27,6 +27,11 @@ class ApiKey:
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
     API_VERSIONS = 18
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     CONNECT_GROUP_HEARTBEAT = 10000
     CONNECT_GROUP_PREPARE_ASSIGNMENT = 10001
     CONNECT_GROUP_INSTALL_ASSIGNMENT = 10002
@@ -68,6 +73,14 @@ APIS: dict[int, API] = {
         API(ApiKey.DESCRIBE_GROUPS, "DescribeGroups", 0, 5, "describe_groups"),
         API(ApiKey.LIST_GROUPS, "ListGroups", 0, 5, "list_groups"),
         API(ApiKey.API_VERSIONS, "ApiVersions", 0, 3, "api_versions"),
+        # Credentials and ACLs (coordinator/security/apis.py): the versions kio 0.6.5 has.
+        API(ApiKey.DESCRIBE_ACLS, "DescribeAcls", 1, 3, "describe_acls"),
+        API(ApiKey.CREATE_ACLS, "CreateAcls", 1, 3, "create_acls"),
+        API(ApiKey.DELETE_ACLS, "DeleteAcls", 1, 3, "delete_acls"),
+        API(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, "DescribeUserScramCredentials", 0, 0,
+            "describe_user_scram_credentials"),
+        API(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, "AlterUserScramCredentials", 0, 0,
+            "alter_user_scram_credentials"),
         API(ApiKey.CONNECT_GROUP_HEARTBEAT, "ConnectGroupHeartbeat", 0, 0, None),
         API(ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT, "ConnectGroupPrepareAssignment", 0, 0, None),
         API(ApiKey.CONNECT_GROUP_INSTALL_ASSIGNMENT, "ConnectGroupInstallAssignment", 0, 0, None),

@@ -39,6 +39,9 @@ from coordinator.metrics import Metrics
 from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
 from coordinator.runtime.shard import ACTIVE, FAILED, UNOWNED, Shard, ShardUnavailable
+from coordinator.security import ANONYMOUS
+from coordinator.security.service import API_KEYS as SECURITY_API_KEYS
+from coordinator.security.service import SecurityService
 from coordinator.server import kafka_apis
 from coordinator.server.connection import Connection
 
@@ -131,6 +134,9 @@ class Router:
                 return error(exc.code, exc.message)
         if api_key == ApiKey.API_VERSIONS:
             return self.api_versions(version)
+        if api_key in SECURITY_API_KEYS:  # credentials and ACLs (coordinator/security/apis.py)
+            return self._gather(s.security_service.apis.handle(
+                api_key, version, req, getattr(ctx, "principal", ANONYMOUS), ctx.client_host))
         if api_key < ApiKey.CONNECT_GROUP_HEARTBEAT and api_key != ApiKey.LIST_GROUPS:
             # request.max.items: a request naming more items is refused before any is looked
             # up (three 1 MiB FindCoordinator frames of 500,000 keys each held the loop 16 s).
@@ -307,6 +313,9 @@ class CoordinatorServer:
             ]
             for shard in self.shards:
                 shard.heartbeat_error = self.heartbeat_error
+        self.security_service = SecurityService(config, self.metrics)
+        self.security = self.security_service.state
+        """Credentials and ACLs (coordinator.security.state.SecurityState), loaded at start."""
         self.router = Router(self)
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
@@ -443,6 +452,10 @@ class CoordinatorServer:
             raise StartupError(str(exc)) from None
         for shard in self.shards:
             shard.recovery_point = self.recovery_points.get(shard.partition, 0)
+        try:
+            await self.security_service.start_file(self.data_dir)
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"cannot load the security log: {exc}") from None
         await self._listen()
         self.partition_states()
         await asyncio.gather(*(shard.load() for shard in self.shards))
@@ -475,6 +488,10 @@ class CoordinatorServer:
         await self._listen()
         self.partition_states()
         await self.cluster.start()
+        try:
+            await self.security_service.start_etcd(self.cluster)
+        except Exception as exc:  # noqa: BLE001 (etcd unreachable, unreadable keys)
+            raise StartupError(f"cannot load the security keys from etcd: {exc!r}") from None
         self._reaper = asyncio.create_task(self._reap_idle())
         self._lag_probe = asyncio.create_task(self._probe_loop_lag())
 
@@ -553,6 +570,7 @@ class CoordinatorServer:
         deadline = time.monotonic() + grace_s
         if self._checkpointer is not None:
             self._checkpointer.cancel()
+        await self.security_service.stop()
         if self.cluster is not None:
             # Leave, hand every partition over (commit, answer, release), revoke the lease.
             try:
