@@ -2,10 +2,11 @@
 
 Both sides use it: the coordinator to route and to answer ApiVersions, the worker client to
 pick classes. The five connect APIs (10000-10004) are our generated classes; the Kafka APIs the
-coordinator answers (ApiVersions, Metadata, FindCoordinator, DescribeGroups, ListGroups) are
-kio's own classes, not regenerated. Header versions follow Kafka: a flexible request version
-uses request header v2 (else v1); a flexible response version uses response header v1 (else v0),
-except ApiVersions, whose responses always use response header v0.
+coordinator answers (ApiVersions, Metadata, FindCoordinator, DescribeGroups, ListGroups,
+SaslHandshake, SaslAuthenticate) are kio's own classes, not regenerated. Header versions follow
+Kafka: a flexible request version uses request header v2 (else v1); a flexible response version
+uses response header v1 (else v0), except ApiVersions, whose responses always use response
+header v0.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ class ApiKey:
     FIND_COORDINATOR = 10
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
+    SASL_AUTHENTICATE = 36
     DESCRIBE_ACLS = 29
     CREATE_ACLS = 30
     DELETE_ACLS = 31
@@ -72,7 +75,12 @@ APIS: dict[int, API] = {
         API(ApiKey.FIND_COORDINATOR, "FindCoordinator", 0, 6, "find_coordinator"),
         API(ApiKey.DESCRIBE_GROUPS, "DescribeGroups", 0, 5, "describe_groups"),
         API(ApiKey.LIST_GROUPS, "ListGroups", 0, 5, "list_groups"),
+        # SaslHandshake v0 (raw SASL tokens after it, no SaslAuthenticate framing) is not
+        # served, as Kafka 4.0 (KIP-896): a v0 request is answered UNSUPPORTED_VERSION in a
+        # SaslHandshakeResponse v0 and the connection closed (coordinator.server.connection).
+        API(ApiKey.SASL_HANDSHAKE, "SaslHandshake", 1, 1, "sasl_handshake"),
         API(ApiKey.API_VERSIONS, "ApiVersions", 0, 3, "api_versions"),
+        API(ApiKey.SASL_AUTHENTICATE, "SaslAuthenticate", 0, 2, "sasl_authenticate"),
         # Credentials and ACLs (coordinator/security/apis.py): the versions kio 0.6.5 has.
         API(ApiKey.DESCRIBE_ACLS, "DescribeAcls", 1, 3, "describe_acls"),
         API(ApiKey.CREATE_ACLS, "CreateAcls", 1, 3, "create_acls"),

@@ -173,6 +173,14 @@ class FrameDecoder:
     def max_frame_size(self) -> int:
         return self._max
 
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        """A new limit for the frames whose size is not read yet (e.g. a smaller one until a
+        connection is authenticated)."""
+        if not 0 <= value <= _INT32_MAX:
+            raise ValueError(f"max_frame_size must be in [0, {_INT32_MAX}]: {value}")
+        self._max = value
+
     @property
     def buffered(self) -> int:
         """Bytes of the current partial frame held (size prefix included); <= max + 4."""

@@ -23,6 +23,9 @@ from typing import Any
 
 from coordinator.group.config import MAX_TASKS_CEILING, ConfigError, GroupCoordinatorConfig
 from coordinator.runtime.log import DEFAULT_MAX_BATCH_BYTES, FsyncPolicy
+from coordinator.security import listeners, tls
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 ENV_PREFIX = "CONNECT_COORDINATOR_"
 
@@ -42,6 +45,10 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host, number
 
 
+def _env(name: str) -> str:
+    return ENV_PREFIX + name.upper().replace(".", "_").replace("-", "_")
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -49,10 +56,15 @@ class Setting:
     default: Any
     doc: str
     check: Callable[[Any], str | None] | None = None
+    aliases: tuple[str, ...] = ()
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.name.upper().replace(".", "_").replace("-", "_")
+        return _env(self.name)
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        return (self.env, *(_env(a) for a in self.aliases))
 
     def convert(self, value: Any, source: str) -> Any:
         try:
@@ -132,14 +144,58 @@ def _one_of(*choices: str) -> Callable[[str], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
 
+def _syntax(parse: Callable[[str], Any], empty: str | None = None) -> Callable[[str], str | None]:
+    """A check from a parser raising ConfigError("<setting>: <problem>")."""
+    def check(v: str) -> str | None:
+        try:
+            parsed = parse(v)
+        except ConfigError as exc:
+            return str(exc).split(": ", 1)[-1]
+        return empty if empty is not None and not parsed else None
+    return check
+
+
+_listeners = _syntax(lambda v: listeners.entries(v, "listeners"), "at least one listener is needed")
+_protocol_map = _syntax(listeners.parse_protocol_map)
+_advertised = _syntax(lambda v: listeners.entries(v, "advertised.listener"))
+_DEFAULT_PROTOCOL_MAP = listeners.DEFAULT_PROTOCOL_MAP
+
+
+def _mechanisms(v: str) -> str | None:
+    names = [m.strip() for m in v.split(",") if m.strip()]
+    bad = [m for m in names if m not in SASL_MECHANISMS]
+    if bad:
+        return f"{', '.join(bad)}: not supported (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)"
+    return None if names else "must name at least one mechanism"
+
+
+def _principals(v: str) -> str | None:
+    for part in v.split(";"):
+        part = part.strip()
+        if part and (":" not in part or not part.split(":", 1)[1]):
+            return f"{part!r} is not a principal TYPE:NAME (e.g. User:admin; several separated by ;)"
+    return None
+
+
 _G = GroupCoordinatorConfig()
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("listeners", str, "127.0.0.1:9092",
-            "HOST:PORT the KRPC server listens on (port 0: any free port).", _hostport),
+            "Comma-separated listeners, Kafka's form NAME://HOST:PORT (e.g. "
+            "'PLAINTEXT://127.0.0.1:9092,SASL_SSL://0.0.0.0:9094'); NAME's security protocol "
+            "(PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) comes from "
+            "listener.security.protocol.map. A bare HOST:PORT is the PLAINTEXT listener; port 0: "
+            "any free port (docs/security.md).", _listeners),
+    Setting("listener.security.protocol.map", str, _DEFAULT_PROTOCOL_MAP,
+            "Listener name -> security protocol, NAME:PROTOCOL,... (Kafka's setting; e.g. "
+            "'INTERNAL:PLAINTEXT,EXTERNAL:SASL_SSL' to name the listeners INTERNAL and "
+            "EXTERNAL).", _protocol_map),
     Setting("advertised.listener", str, "",
-            "HOST:PORT clients are told to connect to (Metadata, FindCoordinator); "
-            "empty: the bound listener.", _optional_hostport),
+            "Addresses clients are told to connect to (Metadata, FindCoordinator), per listener: "
+            "NAME://HOST:PORT,... (alias advertised.listeners, Kafka's name); a request is "
+            "answered with the address of the listener it came in on. A bare HOST:PORT with a "
+            "single listener. A listener not named: its bound address.", _advertised,
+            aliases=("advertised.listeners",)),
     Setting("metrics.listener", str, "127.0.0.1:9464",
             "HOST:PORT of the Prometheus /metrics endpoint; 'none' disables it.",
             _optional_hostport),
@@ -231,6 +287,53 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket.idle.timeout.ms", int, 600_000,
             "A connection with no complete request for this long is closed "
             "(also ends slow-loris senders).", _positive),
+    # -- security (issue 13; docs/security.md) ----------------------------------------------------
+    Setting("ssl.certfile", str, "",
+            "PEM file of the server's certificate chain for the SSL and SASL_SSL listeners "
+            "(Kafka's ssl.keystore.location with ssl.keystore.type=PEM).", None),
+    Setting("ssl.keyfile", str, "",
+            "PEM file of the private key of ssl.certfile; empty: the key is in ssl.certfile.", None),
+    Setting("ssl.key.password", str, "",
+            "Password of an encrypted ssl.keyfile (Kafka's name).", None),
+    Setting("ssl.cafile", str, "",
+            "PEM file of the CA certificates trusted for client certificates (Kafka's "
+            "truststore); needed by ssl.client.auth requested/required.", None),
+    Setting("ssl.client.auth", str, "none",
+            "Client certificates on the SSL and SASL_SSL listeners: 'none', 'requested' "
+            "(verified when presented) or 'required'. On an SSL listener a verified certificate "
+            "gives the principal User:<subject DN> (RFC 2253, as Kafka).",
+            _one_of(*tls.CLIENT_AUTH)),
+    Setting("ssl.enabled.protocols", str, "TLSv1.2,TLSv1.3",
+            "TLS versions accepted (Kafka's setting): TLSv1.2 and/or TLSv1.3.", tls.check_protocols),
+    Setting("sasl.enabled.mechanisms", str, "SCRAM-SHA-256,SCRAM-SHA-512",
+            "SASL mechanisms of the SASL_PLAINTEXT and SASL_SSL listeners: SCRAM-SHA-256, "
+            "SCRAM-SHA-512, PLAIN (PLAIN checks the password against the user's stored SCRAM "
+            "credential). PLAIN is refused on SASL_PLAINTEXT unless sasl.plain.allow.insecure.",
+            _mechanisms),
+    Setting("sasl.plain.allow.insecure", bool, False,
+            "Offer PLAIN on SASL_PLAINTEXT listeners too, where the password crosses the network "
+            "in clear text (not a Kafka setting: Kafka allows it silently).", None),
+    Setting("sasl.server.max.receive.size", int, 524_288,
+            "Largest request frame accepted on a SASL listener before authentication (Kafka's "
+            "setting); socket.max.frame.bytes after.", _positive),
+    Setting("connections.max.reauth.ms", int, 0,
+            "SASL session lifetime (KIP-368): told to clients in SaslAuthenticate v1+; a client "
+            "that has not re-authenticated by then is disconnected at its next request. "
+            "0: sessions do not expire.", _non_negative),
+    Setting("connection.failed.authentication.delay.ms", int, 100,
+            "How long a failed SASL authentication waits before its answer, after which the "
+            "connection is closed (Kafka's setting).", _non_negative),
+    Setting("authorizer", str, "none",
+            "'none': every request is allowed (as Kafka without authorizer.class.name); 'acl': "
+            "requests are checked against the ACLs (Kafka's StandardAuthorizer), super.users and "
+            "allow.everyone.if.no.acl.found (docs/security.md, 'What each API needs').",
+            _one_of("none", "acl")),
+    Setting("super.users", str, "",
+            "Principals allowed everything, separated by ';' (Kafka's form: "
+            "'User:admin;User:CN=ops,O=Example').", _principals),
+    Setting("allow.everyone.if.no.acl.found", bool, False,
+            "authorizer=acl: allow an action on a resource no ACL matches (Kafka's setting; "
+            "default false: denied).", None),
     Setting("store", str, "file",
             "Where the partitions live: 'file' (the partition logs in data.dir; one node) or "
             "'etcd' (in etcd, shared by several coordinator nodes: etcd.endpoints, node.id; "
@@ -269,6 +372,7 @@ SETTINGS: tuple[Setting, ...] = (
             _one_of("debug", "info", "warning", "error")),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
+_BY_ANY_NAME = {**BY_NAME, **{a: s for s in SETTINGS for a in s.aliases}}
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -290,8 +394,29 @@ class ServerConfig:
         return self.values[name]
 
     @property
+    def listeners(self) -> list[listeners.Listener]:
+        """Every listener of ``listeners`` (coordinator.security.listeners)."""
+        return listeners.parse_listeners(self["listeners"], self["listener.security.protocol.map"])
+
+    @property
+    def advertised(self) -> dict[str, tuple[str, int]]:
+        """{listener name: advertised (host, port)} of the listeners advertised.listener names."""
+        return listeners.parse_advertised(self["advertised.listener"], self.listeners)
+
+    @property
     def listen(self) -> tuple[str, int]:
-        return parse_hostport(self["listeners"])
+        """The first listener's (host, port)."""
+        first = self.listeners[0]
+        return first.host, first.port
+
+    @property
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self["sasl.enabled.mechanisms"].split(",") if m.strip())
+
+    @property
+    def super_users(self) -> frozenset[str]:
+        """``super.users``: principals allowed everything (authorizer=acl)."""
+        return frozenset(p.strip() for p in self["super.users"].split(";") if p.strip())
 
     @property
     def metrics_listen(self) -> tuple[str, int] | None:
@@ -345,25 +470,34 @@ def load(
             raise ConfigError(f"cannot read config file {path}: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        seen: dict[str, str] = {}
         for name, value in _flatten(table).items():
-            setting = BY_NAME.get(name)
+            setting = _BY_ANY_NAME.get(name)
             if setting is None:
                 raise ConfigError(f"unknown setting {name!r} in {path} (see docs/configuration.md)")
-            values[name] = setting.convert(value, str(path))
+            if setting.name in seen:
+                raise ConfigError(f"{seen[setting.name]} and {name} in {path} are the same setting: "
+                                  "give one")
+            seen[setting.name] = name
+            values[setting.name] = setting.convert(value, str(path))
     env = os.environ if environ is None else environ
     for setting in SETTINGS:
-        if setting.env in env:
-            values[setting.name] = setting.convert(env[setting.env], setting.env)
-    unknown_env = [k for k in env if k.startswith(ENV_PREFIX) and k not in {s.env for s in SETTINGS}]
+        given = [e for e in setting.envs if e in env]
+        if len(given) > 1:
+            raise ConfigError(f"{' and '.join(given)} are the same setting: give one")
+        if given:
+            values[setting.name] = setting.convert(env[given[0]], given[0])
+    known_env = {e for s in SETTINGS for e in s.envs}
+    unknown_env = [k for k in env if k.startswith(ENV_PREFIX) and k not in known_env]
     if unknown_env:
         raise ConfigError(f"unknown environment setting(s): {', '.join(sorted(unknown_env))}")
     for name, value in (overrides or {}).items():
         if value is None:
             continue
-        setting = BY_NAME.get(name)
+        setting = _BY_ANY_NAME.get(name)
         if setting is None:
             raise ConfigError(f"unknown setting {name!r}")
-        values[name] = setting.convert(value, "the command line")
+        values[setting.name] = setting.convert(value, "the command line")
     for setting in SETTINGS:
         if setting.check is not None:
             problem = setting.check(values[setting.name])
@@ -376,23 +510,37 @@ def load(
         raise ConfigError(
             f"queued.max.request.bytes={values['queued.max.request.bytes']} must hold at least "
             f"one frame of socket.max.frame.bytes={values['socket.max.frame.bytes']} (+4)")
+    _check_security(config)
     if values["store"] == "etcd":
         if not values["etcd.endpoints"].strip():
             raise ConfigError("store=etcd needs etcd.endpoints (--etcd-endpoints HOST:PORT,...)")
         if values["node.id"] < 0:
             raise ConfigError("store=etcd needs node.id (--node-id N), unique among the nodes")
-        host = config.listen[0]
-        if not values["advertised.listener"] and host in ("0.0.0.0", "::", ""):
-            # As Kafka: the other nodes and the clients cannot connect to a wildcard address.
-            raise ConfigError(
-                f"store=etcd with listeners={values['listeners']!r} needs advertised.listener "
-                "(--advertised-listener HOST:PORT): the address the clients and the other "
-                "nodes reach this node at")
+        advertised = config.advertised
+        for ln in config.listeners:
+            if ln.host in listeners.WILDCARDS and ln.name not in advertised:
+                # As Kafka: the other nodes and the clients cannot connect to a wildcard address.
+                raise ConfigError(
+                    f"store=etcd with listeners={values['listeners']!r} needs advertised.listener "
+                    f"(--advertised-listener HOST:PORT) for {ln.name}: the address the clients "
+                    "and the other nodes reach this node at")
         if values["etcd.lease.margin.ms"] * 2 > values["etcd.lease.ttl.ms"]:
             raise ConfigError(
                 f"etcd.lease.margin.ms={values['etcd.lease.margin.ms']} must be at most half of "
                 f"etcd.lease.ttl.ms={values['etcd.lease.ttl.ms']}")
     return config
+
+
+def _check_security(config: ServerConfig) -> None:
+    """Listeners, advertised addresses and TLS files, checked at start (ConfigError naming the
+    setting: exit 2)."""
+    found = config.listeners  # parse errors name listeners / the protocol map
+    _ = config.advertised  # ... and advertised.listener
+    if any(ln.tls for ln in found):
+        tls.server_context(config.values)  # a missing or unusable file names its setting
+    elif config["ssl.client.auth"] != "none":
+        raise ConfigError(f"ssl.client.auth={config['ssl.client.auth']} without an SSL or SASL_SSL "
+                          "listener")
 
 
 def reference_markdown() -> str:

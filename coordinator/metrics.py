@@ -175,6 +175,20 @@ class Metrics:
             f"{NS}_event_loop_lag_observed_seconds", "Event loop lag, every probe",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=r)
+        # Security (issue 13): SASL authentications and authorization denials.
+        self.authentications = Counter(
+            f"{NS}_authentications",
+            "SASL authentications by mechanism and result (success | failure), "
+            "re-authentications (KIP-368) counted with reauth=true", ["mechanism", "result", "reauth"],
+            registry=r)
+        self.sessions_expired = Counter(
+            f"{NS}_sasl_sessions_expired",
+            "Connections closed because their SASL session (connections.max.reauth.ms) ended "
+            "without a re-authentication", registry=r)
+        self.authorization_denied = Counter(
+            f"{NS}_authorization_denied",
+            "Requests (or items of a request) refused by the authorizer, by API and resource type",
+            ["api", "resource_type"], registry=r)
         for state in ("loading", "active", "failed", "unowned"):
             self.partition_count.labels(state).set(0)
 

@@ -1,6 +1,12 @@
 """Which coordinator nodes are alive: one etcd key per node, on the node's lease (issue 12).
 
-    {prefix}/nodes/{node_id} = {"host": <advertised host>, "port": <advertised port>}
+    {prefix}/nodes/{node_id} = {"host": <advertised host>, "port": <advertised port>,
+                                "listeners": {<listener name>: [<host>, <port>], ...}}
+
+``host``/``port`` are the first listener's advertised address; ``listeners`` every listener's
+(issue 13): a node answers Metadata and FindCoordinator with the other nodes' addresses for
+the listener the request came in on, as Kafka. A registration without ``listeners`` (a node of
+an older version) has its one address for every listener name.
 
 With ``store = "etcd"`` every node registers at start (:mod:`coordinator.cluster.node`) and
 feeds :class:`NodeWatcher`'s view to the partition placement (:mod:`coordinator.cluster.placement`)
@@ -66,17 +72,33 @@ class NodeIdTaken(EtcdStoreError):
 class NodeInfo:
     host: str
     port: int
+    listeners: tuple[tuple[str, str, int], ...] = ()
+    """(listener name, advertised host, port) of every listener; () from an older node."""
 
     def encode(self) -> bytes:
-        return json.dumps({"host": self.host, "port": self.port}, sort_keys=True).encode()
+        d: dict[str, Any] = {"host": self.host, "port": self.port}
+        if self.listeners:
+            d["listeners"] = {name: [host, port] for name, host, port in self.listeners}
+        return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, value: bytes) -> NodeInfo | None:
         try:
             d = json.loads(value)
-            return cls(str(d["host"]), int(d["port"]))
-        except (ValueError, KeyError, TypeError):
+            listeners = tuple(sorted((str(n), str(a[0]), int(a[1]))
+                                     for n, a in (d.get("listeners") or {}).items()))
+            return cls(str(d["host"]), int(d["port"]), listeners)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return None
+
+    def address(self, listener: str | None) -> tuple[str, int] | None:
+        """The node's advertised address for ``listener`` (None: it has no such listener)."""
+        if listener is None or not self.listeners:
+            return self.host, self.port
+        for name, host, port in self.listeners:
+            if name == listener:
+                return host, port
+        return None
 
 
 def nodes_prefix(prefix: str) -> bytes:
@@ -116,12 +138,13 @@ class Registration:
 
 
 async def register(client: Etcd3Client, prefix: str, node_id: str, host: str, port: int,
-                   lease: NodeLease | int, *, timeout_s: float = 5.0, attempts: int = 3) -> Registration:
+                   lease: NodeLease | int, *, timeout_s: float = 5.0, attempts: int = 3,
+                   listeners: dict[str, tuple[str, int]] | None = None) -> Registration:
     """Register ``node_id`` at ``host:port`` on ``lease``; :class:`NodeIdTaken` if another live
     lease holds the id. A timeout is retried (up to ``attempts``): a first attempt that was
     applied makes the retry find our own lease, which is accepted."""
     key = node_key(prefix, node_id)
-    info = NodeInfo(host, port)
+    info = NodeInfo(host, port, tuple(sorted((n, h, p) for n, (h, p) in (listeners or {}).items())))
     lease_id = lease.id if isinstance(lease, NodeLease) else lease
     for attempt in range(attempts):
         try:

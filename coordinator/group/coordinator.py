@@ -62,6 +62,7 @@ from connect_wire.records import (
     TargetAssignmentMemberKey,
     TargetAssignmentMetadataKey,
 )
+from coordinator.security import ANONYMOUS
 
 from . import records as rec
 from .config import GroupCoordinatorConfig
@@ -116,6 +117,11 @@ class TimerOp:
 class RequestContext:
     client_id: str = ""
     client_host: str = ""
+    principal: str = ANONYMOUS
+    """Who sent the request (issue 13): ``User:ANONYMOUS``, ``User:<SASL user>`` or
+    ``User:<certificate subject>`` (coordinator.security)."""
+    listener: str = ""
+    """The name of the listener the request came in on ("" outside the server)."""
 
 
 @dataclass

@@ -39,11 +39,13 @@ from coordinator.metrics import Metrics
 from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
 from coordinator.runtime.shard import ACTIVE, FAILED, UNOWNED, Shard, ShardUnavailable
-from coordinator.security import ANONYMOUS
+from coordinator.security import ANONYMOUS, CLUSTER_NAME
+from coordinator.security.listeners import WILDCARDS, describe
 from coordinator.security.service import API_KEYS as SECURITY_API_KEYS
 from coordinator.security.service import SecurityService
+from coordinator.security.tls import server_context
 from coordinator.server import kafka_apis
-from coordinator.server.connection import Connection
+from coordinator.server.connection import Connection, Served
 
 log = logs.get("coordinator.server")
 
@@ -54,13 +56,58 @@ class StartupError(Exception):
 
 _HEARTBEAT = int(ApiKey.CONNECT_GROUP_HEARTBEAT)
 LOOP_LAG_PROBE_S = 0.1
+DENIAL_LOG_INTERVAL_S = 10.0  # an authorization denial is logged once per this per principal,
+DENIAL_LOG_KEYS = 10_000  # API and resource (the keys remembered: forgotten all at once past it)
+AUTH_FAILURE_LOG_INTERVAL_S = 10.0  # failed authentications: one line per peer host per this
 
 
 class Router:
-    """API key -> handler. Connect APIs go to the group's shard; Kafka's APIs are answered here."""
+    """API key -> handler. Connect APIs go to the group's shard; Kafka's APIs are answered here.
+
+    With ``authorizer=acl`` every request is checked (issue 13; docs/security.md, "What each API
+    needs"): READ on the group for ConnectGroupHeartbeat, PrepareAssignment and
+    InstallAssignment, ALTER on it for ConnectGroupAlterConnectors, DESCRIBE for
+    FindCoordinator (per key), DescribeGroups and ConnectGroupDescribe (per group); ListGroups
+    lists every group with DESCRIBE on the cluster, else the groups the principal may DESCRIBE.
+    A denial is GROUP_AUTHORIZATION_FAILED with a message, counted
+    (connect_coordinator_authorization_denied_total{api,resource_type}) and logged with the
+    principal (at most once per 10 s per principal, API and resource).
+    """
 
     def __init__(self, server: CoordinatorServer) -> None:
         self.server = server
+        self.acl = server.config["authorizer"] == "acl"
+        self._denial_logged: dict[tuple[str, str, str, str], list[float]] = {}
+
+    # -- authorization ----------------------------------------------------------------------------
+    def allowed(self, ctx: RequestContext, operation: str, resource_type: str, name: str) -> bool:
+        """The authorizer's decision (always True with authorizer=none)."""
+        if not self.acl:
+            return True
+        return bool(self.server.security.authorize(ctx.principal, ctx.client_host, operation, resource_type,
+                                       name))
+
+    def denied(self, ctx: RequestContext, api: str, operation: str, resource_type: str,
+               name: str) -> str | None:
+        """None when allowed; else the denial's message (counted and logged)."""
+        if not self.acl or self.allowed(ctx, operation, resource_type, name):
+            return None
+        self.server.metrics.authorization_denied.labels(api, resource_type).inc()
+        key = (ctx.principal, api, resource_type, name)
+        now = time.monotonic()
+        seen = self._denial_logged.get(key)
+        if seen is None or now - seen[0] >= DENIAL_LOG_INTERVAL_S:
+            if len(self._denial_logged) >= DENIAL_LOG_KEYS:
+                self._denial_logged.clear()
+            log.warning("authorization failed", principal=ctx.principal, host=ctx.client_host,
+                        api=api, operation=operation, resource_type=resource_type, resource=name,
+                        listener=ctx.listener, suppressed=seen[1] if seen else 0)
+            self._denial_logged[key] = [now, 0]
+        else:
+            seen[1] += 1
+        what = "the cluster" if resource_type == "CLUSTER" else f"{resource_type.lower()} {name!r}"
+        return (f"Principal {ctx.principal} is not authorized to {operation} {what} ({api}); "
+                "an ACL must allow it")
 
     def shard_of(self, group_id: str) -> Shard:
         shards = self.server.shards
@@ -123,6 +170,11 @@ class Router:
     def dispatch(self, api_key: int, version: int, req: Any, ctx: RequestContext) -> Any:
         s = self.server
         if api_key == _HEARTBEAT:  # the hot path first
+            if self.acl:
+                refused = self.denied(ctx, "ConnectGroupHeartbeat", "READ", "GROUP", req.group_id)
+                if refused is not None:
+                    return self._hb_error(req, s.heartbeat_interval_ms)(
+                        ErrorCode.GROUP_AUTHORIZATION_FAILED, refused)
             shard = self.shard_of(req.group_id)
             steady = shard.try_steady_heartbeat(req, ctx)
             if steady is not None:
@@ -137,6 +189,14 @@ class Router:
         if api_key in SECURITY_API_KEYS:  # credentials and ACLs (coordinator/security/apis.py)
             return self._gather(s.security_service.apis.handle(
                 api_key, version, req, getattr(ctx, "principal", ANONYMOUS), ctx.client_host))
+        if api_key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
+            # On a listener without SASL, or after authentication (the connection handles the
+            # exchange itself): as Kafka's KafkaApis, ILLEGAL_SASL_STATE.
+            return kafka_apis.build(APIS[api_key].response_class(version), {
+                "error_code": ErrorCode.ILLEGAL_SASL_STATE,
+                "error_message": "SaslAuthenticate request received after successful "
+                                 "authentication" if api_key == ApiKey.SASL_AUTHENTICATE else None,
+                "auth_bytes": b"", "mechanisms": []})
         if api_key < ApiKey.CONNECT_GROUP_HEARTBEAT and api_key != ApiKey.LIST_GROUPS:
             # request.max.items: a request naming more items is refused before any is looked
             # up (three 1 MiB FindCoordinator frames of 500,000 keys each held the loop 16 s).
@@ -144,23 +204,35 @@ class Router:
             refused = kafka_apis.too_many_items(cls, req, s.max_request_items)
             if refused is not None:
                 return self._gather(refused)
+        listener = ctx.listener
         if api_key == ApiKey.METADATA:
             return kafka_apis.metadata(APIS[api_key].response_class(version), req,
-                                       s.brokers(), s.controller_id())
+                                       s.brokers(listener), s.controller_id())
         if api_key == ApiKey.FIND_COORDINATOR:
+            denied = None
+            if self.acl:
+                def denied(key: str) -> str | None:
+                    return self.denied(ctx, "FindCoordinator", "DESCRIBE", "GROUP", key)
             found = kafka_apis.find_coordinator(APIS[api_key].response_class(version), req,
-                                                version, s.locate)
+                                                version, lambda g: s.locate(g, listener),
+                                                denied)
             return self._gather(found) if asyncio.iscoroutine(found) else found
         if api_key == ApiKey.LIST_GROUPS:
-            return self._list_groups(APIS[api_key].response_class(version), req)
+            return self._list_groups(APIS[api_key].response_class(version), req, ctx)
         if api_key == ApiKey.DESCRIBE_GROUPS:
-            return self._describe_groups(APIS[api_key].response_class(version), req)
+            return self._describe_groups(APIS[api_key].response_class(version), req, ctx)
         if api_key == ApiKey.CONNECT_GROUP_DESCRIBE:
             if len(req.group_ids) > s.max_request_items:
                 return self._gather(self._too_many_describe(req.group_ids, s.max_request_items))
-            return self._connect_describe(req)
+            return self._connect_describe(req, ctx)
         shard = self.shard_of(req.group_id)
         error = self._error(api_key)
+        if self.acl:
+            name = APIS[api_key].name
+            operation = "ALTER" if api_key == ApiKey.CONNECT_GROUP_ALTER_CONNECTORS else "READ"
+            refused = self.denied(ctx, name, operation, "GROUP", req.group_id)
+            if refused is not None:
+                return error(ErrorCode.GROUP_AUTHORIZATION_FAILED, refused)
         if api_key == ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT:
             fn = lambda core, now: core.prepare_assignment(req, now)  # noqa: E731
         elif api_key == ApiKey.CONNECT_GROUP_INSTALL_ASSIGNMENT:
@@ -189,7 +261,8 @@ class Router:
     def _gather(self, coroutine: Any) -> asyncio.Future[Any]:
         return asyncio.ensure_future(coroutine)
 
-    def _connect_describe(self, req: ConnectGroupDescribeRequest) -> asyncio.Future[Any]:
+    def _connect_describe(self, req: ConnectGroupDescribeRequest,
+                          ctx: RequestContext) -> asyncio.Future[Any]:
         limit = self.server.max_response_bytes
 
         def refused(group_id: str) -> Any:
@@ -205,7 +278,8 @@ class Router:
             # (ten thousand copies of a group of 100,000 tasks was an answer of gigabytes).
             entries, total = [], 0
             for group_id in req.group_ids:
-                described = await self._describe_one(group_id) if total <= limit else refused(group_id)
+                described = (await self._describe_one(group_id, ctx, "ConnectGroupDescribe")
+                             if total <= limit else refused(group_id))
                 entry = codec.encode(described)
                 total += len(entry)
                 entries.append(entry)
@@ -213,11 +287,16 @@ class Router:
                 lambda g: ConnectGroupDescribeResponse(groups=(refused(g),)), "groups", entries)
         return self._gather(run())
 
-    async def _describe_one(self, group_id: str) -> Any:
+    async def _describe_one(self, group_id: str, ctx: RequestContext | None = None,
+                            api: str = "") -> Any:
         def unavailable(code: int, message: str) -> Any:
             return _desc.DescribedGroup(
                 error_code=code, error_message=message, group_id=group_id, group_state="Dead",
                 group_epoch=-1, assignment_epoch=-1, assignor_name=None, assigning_member_id=None)
+        if self.acl and ctx is not None:
+            refused = self.denied(ctx, api, "DESCRIBE", "GROUP", group_id)
+            if refused is not None:
+                return unavailable(ErrorCode.GROUP_AUTHORIZATION_FAILED, refused)
         if not group_id:
             return unavailable(ErrorCode.INVALID_GROUP_ID, "GroupId must be non-empty.")
         shard = self.shard_of(group_id)
@@ -228,7 +307,11 @@ class Router:
             return unavailable(exc.code, exc.message)
         return response.groups[0]
 
-    def _list_groups(self, cls: type, req: Any) -> asyncio.Future[Any]:
+    def _list_groups(self, cls: type, req: Any, ctx: RequestContext) -> asyncio.Future[Any]:
+        # As Kafka: every group with DESCRIBE on the cluster, else those the principal may
+        # DESCRIBE (not counted or logged as denials: a filter).
+        everything = not self.acl or self.allowed(ctx, "DESCRIBE", "CLUSTER", CLUSTER_NAME)
+
         async def run() -> Any:
             groups: list[tuple[str, str]] = []
             error = 0
@@ -240,12 +323,14 @@ class Router:
                 except ShardUnavailable as exc:
                     if exc.code != ErrorCode.NOT_COORDINATOR or shard.state == FAILED:
                         error = exc.code
+            if not everything:
+                groups = [g for g in groups if self.allowed(ctx, "DESCRIBE", "GROUP", g[0])]
             # The error goes into the one build: rebuilding the response from its own fields
             # fed a parsed timedelta back into build() (TypeError; v0 has no throttle at all).
             return kafka_apis.list_groups(cls, req, groups, error)
         return self._gather(run())
 
-    def _describe_groups(self, cls: type, req: Any) -> asyncio.Future[Any]:
+    def _describe_groups(self, cls: type, req: Any, ctx: RequestContext) -> asyncio.Future[Any]:
         limit = self.server.max_response_bytes
         refused = kafka_apis.describe_groups_refused(cls)
 
@@ -254,7 +339,8 @@ class Router:
             entries, total = [], 0
             for g in req.groups:
                 if total <= limit:
-                    entry = kafka_apis.described_group(cls, g, await self._describe_one(g))
+                    entry = kafka_apis.described_group(
+                        cls, g, await self._describe_one(g, ctx, "DescribeGroups"))
                 else:
                     entry = codec.encode(refused(g).groups[0])
                 total += len(entry)
@@ -286,6 +372,24 @@ class CoordinatorServer:
         self.over_budget = False
         self.max_connections = config["socket.max.connections"]
         self.idle_timeout_s = config["socket.idle.timeout.ms"] / 1000
+        # Listeners and their security (issue 13; docs/security.md).
+        self.listener_specs = config.listeners
+        self._advertised = config.advertised
+        tls = server_context(config.values) if any(ln.tls for ln in self.listener_specs) else None
+        enabled = config.sasl_mechanisms
+        self.served = {
+            ln.name: Served(ln.name, ln.protocol,
+                            tuple(m for m in enabled if m != "PLAIN" or ln.tls
+                                  or config["sasl.plain.allow.insecure"]) if ln.sasl else (),
+                            tls if ln.tls else None)
+            for ln in self.listener_specs}
+        self.sasl_max_receive_bytes = min(config["sasl.server.max.receive.size"],
+                                          self.max_frame_bytes)
+        self.max_reauth_ms = config["connections.max.reauth.ms"]
+        self.auth_failure_delay_s = config["connection.failed.authentication.delay.ms"] / 1000
+        self._auth_failures_logged: dict[str, list[float]] = {}
+        self.bound_listeners: dict[str, tuple[str, int]] = {}
+        """Listener name -> bound (host, port), in the order of ``listeners``."""
         data_dir = Path(config["data.dir"])
         self.data_dir = data_dir
         self.cluster: Any = None
@@ -319,6 +423,7 @@ class CoordinatorServer:
         self.router = Router(self)
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._metrics_server: Any = None
         self._reaper: asyncio.Task[None] | None = None
         self._lag_probe: asyncio.Task[None] | None = None
@@ -337,31 +442,60 @@ class CoordinatorServer:
 
     @property
     def advertised(self) -> tuple[str, int]:
-        text = self.config["advertised.listener"]
-        if text:
-            from coordinator.config import parse_hostport
-            return parse_hostport(text)
-        host, port = self.bound
-        return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else host, port)
+        """The first listener's advertised address."""
+        return self.advertised_for(self.listener_specs[0].name)
+
+    def advertised_for(self, listener: str) -> tuple[str, int]:
+        """What clients that came in on ``listener`` are told to connect to: its advertised
+        address, else its bound one (a wildcard host as 127.0.0.1)."""
+        named = self._advertised.get(listener)
+        if named is not None:
+            return named
+        host, port = self.bound_listeners.get(listener) or self.bound
+        return ("127.0.0.1" if host in WILDCARDS else host, port)
+
+    def advertised_listeners(self) -> dict[str, tuple[str, int]]:
+        """Every listener's advertised address (the node registry on etcd records them)."""
+        return {ln.name: self.advertised_for(ln.name) for ln in self.listener_specs}
+
+    def auth_failure_logged(self, peer: str, listener: str, mechanism: str, user: str | None,
+                            reason: str, reauth: bool) -> None:
+        """A failed SASL authentication: one info line per peer host per 10 s (a client
+        retrying a wrong password does not flood the log; the metric counts every one)."""
+        now = time.monotonic()
+        seen = self._auth_failures_logged.get(peer)
+        if seen is not None and now - seen[0] < AUTH_FAILURE_LOG_INTERVAL_S:
+            seen[1] += 1
+            return
+        if len(self._auth_failures_logged) >= DENIAL_LOG_KEYS:
+            self._auth_failures_logged.clear()
+        log.info("authentication failed", peer=peer, listener=listener, mechanism=mechanism,
+                 user=user, reason=reason, reauthentication=reauth,
+                 suppressed=seen[1] if seen else 0)
+        self._auth_failures_logged[peer] = [now, 0]
 
     def heartbeat_error(self, req: Any, code: int, message: str) -> Any:
         return Router._hb_error(req, self.heartbeat_interval_ms)(code, message)
 
     # -- discovery (Metadata, FindCoordinator) ----------------------------------------------------
-    def brokers(self) -> list[tuple[int, str, int]]:
-        """(node id, host, port) of every live node: this one on the file store."""
+    def brokers(self, listener: str = "") -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every live node (this one on the file store), at its
+        address for ``listener`` (the one the request came in on; "": the first)."""
+        listener = listener or self.listener_specs[0].name
         if self.cluster is not None:
-            return self.cluster.live_nodes()
-        return [(kafka_apis.NODE_ID, *self.advertised)]
+            return self.cluster.live_nodes(listener)
+        return [(kafka_apis.NODE_ID, *self.advertised_for(listener))]
 
     def controller_id(self) -> int:
         return self.cluster.controller_id() if self.cluster is not None else kafka_apis.NODE_ID
 
-    def locate(self, group_id: str) -> tuple[int, str, int] | None:
-        """The node coordinating ``group_id``: the owner of its partition (None: nobody now)."""
+    def locate(self, group_id: str, listener: str = "") -> tuple[int, str, int] | None:
+        """The node coordinating ``group_id``: the owner of its partition (None: nobody now),
+        at its address for ``listener``."""
+        listener = listener or self.listener_specs[0].name
         if self.cluster is not None:
-            return self.cluster.locate(partition_for(group_id, len(self.shards)))
-        return (kafka_apis.NODE_ID, *self.advertised)
+            return self.cluster.locate(partition_for(group_id, len(self.shards)), listener)
+        return (kafka_apis.NODE_ID, *self.advertised_for(listener))
 
     def group_count(self) -> int:
         """Groups hosted by every partition (loaded ones; ``group.max.groups`` counts these)."""
@@ -470,11 +604,23 @@ class CoordinatorServer:
         self._lag_probe = asyncio.create_task(self._probe_loop_lag())
 
     async def _listen(self) -> None:
-        host, port = self.config.listen
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: Connection(self), host, port, reuse_address=True)
-        sock = self._server.sockets[0].getsockname()
-        self.bound = (sock[0], sock[1])
+        loop = asyncio.get_running_loop()
+        for spec in self.listener_specs:
+            served = self.served[spec.name]
+            server = await loop.create_server(
+                lambda served=served: Connection(self, served), spec.host, spec.port,  # type: ignore[misc]
+                reuse_address=True, ssl=served.ssl)
+            self._servers.append(server)
+            sock = server.sockets[0].getsockname()
+            self.bound_listeners[spec.name] = (sock[0], sock[1])
+            if self._server is None:
+                self._server = server
+                self.bound = (sock[0], sock[1])
+        for name, served in self.served.items():
+            if served.sasl and "PLAIN" in self.config.sasl_mechanisms \
+                    and "PLAIN" not in served.mechanisms:
+                log.warning("PLAIN is not offered on a listener without TLS (set "
+                            "sasl.plain.allow.insecure to offer it)", listener=name)
         metrics_listen = self.config.metrics_listen
         if metrics_listen is not None:
             server, _thread = start_http_server(metrics_listen[1], metrics_listen[0],
@@ -541,15 +687,21 @@ class CoordinatorServer:
                     "'partitions' marker file; write the original partition count into it.")
             marker.write_text(want + "\n")
 
+    def listening(self) -> str:
+        """The bound listeners as the banner names them: ``HOST:PORT`` for the PLAINTEXT
+        listener, ``NAME://HOST:PORT`` for the others, comma-separated."""
+        return ", ".join(describe(ln.name, ln.protocol, *self.bound_listeners[ln.name])
+                         for ln in self.listener_specs if ln.name in self.bound_listeners)
+
     def banner(self) -> str:
-        host, port = self.bound
+        where = self.listening()
         metrics = (f"http://{self.metrics_bound[0]}:{self.metrics_bound[1]}/metrics"
                    if self.metrics_bound else "off")
         if self.cluster is not None:
-            return (f"connect-coordinator listening on {host}:{port} (metrics {metrics}, "
+            return (f"connect-coordinator listening on {where} (metrics {metrics}, "
                     f"data etcd {','.join(self.cluster.endpoints)} prefix {self.cluster.prefix} "
                     f"node {self.cluster.node_id}, {len(self.shards)} partitions)")
-        return (f"connect-coordinator listening on {host}:{port} (metrics {metrics}, "
+        return (f"connect-coordinator listening on {where} (metrics {metrics}, "
                 f"data {self.data_dir}, {len(self.shards)} partitions)")
 
     async def serve_forever(self) -> None:
@@ -560,8 +712,8 @@ class CoordinatorServer:
 
     async def stop(self, grace_s: float = 10.0) -> None:
         self._stopped.set()
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self._reaper is not None:
             self._reaper.cancel()
         if self._lag_probe is not None:
@@ -587,9 +739,9 @@ class CoordinatorServer:
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
             conn.close()
-        if self._server is not None:
+        for server in self._servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+                await asyncio.wait_for(server.wait_closed(), 1.0)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -623,7 +775,7 @@ async def run(config: ServerConfig, ready: Callable[[str], None] | None = None) 
         raise
     line = server.banner()
     (ready or (lambda s: print(s, flush=True)))(line)
-    log.info("started", listen=f"{server.bound[0]}:{server.bound[1]}", partitions=len(server.shards))
+    log.info("started", listen=server.listening(), partitions=len(server.shards))
     try:
         await server.serve_forever()
     finally:

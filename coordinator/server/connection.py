@@ -8,15 +8,40 @@ requests behind it on the same connection, as PROTOCOL.md says.
 
 Malformed frames (bad size, oversized, unparseable header) close the connection; nothing else
 about one connection can affect another.
+
+Security (issue 13, docs/security.md). A connection belongs to one listener (:class:`Served`):
+on SSL and SASL_SSL listeners asyncio has done the TLS handshake before ``connection_made``
+(an SSL listener's verified client certificate gives the principal); on SASL_PLAINTEXT and
+SASL_SSL listeners the connection speaks Kafka's SaslServerAuthenticator before anything else:
+
+* before authentication only ApiVersions and SaslHandshake v1 are served; any other request
+  closes the connection unanswered (as Kafka). SaslHandshake v0 (raw SASL tokens after it) is
+  answered UNSUPPORTED_VERSION in a SaslHandshakeResponse v0 and the connection closed;
+* after SaslHandshake only SaslAuthenticate is (another request is answered ILLEGAL_SASL_STATE
+  and the connection closed); the mechanism (coordinator.security.sasl) runs one token per
+  SaslAuthenticate, PLAIN's password derivation in a thread (reading stops meanwhile);
+* a failure (UNSUPPORTED_SASL_MECHANISM, SASL_AUTHENTICATION_FAILED, ILLEGAL_SASL_STATE) is
+  answered after ``connection.failed.authentication.delay.ms``, then the connection is closed;
+* success sets the principal (``User:<name>``) and, with ``connections.max.reauth.ms``, the
+  session's end (told in SaslAuthenticate v1+'s SessionLifetimeMs). A SaslHandshake on an
+  authenticated connection starts a re-authentication (KIP-368: same mechanism, same principal,
+  or the connection is closed); a request other than SaslHandshake received after the session
+  ended closes the connection (as Kafka).
+
+Until authenticated, frames are limited to ``sasl.server.max.receive.size``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from kio.schema.sasl_handshake.v0.response import SaslHandshakeResponse as _HandshakeV0
 
 from connect_wire import codec
 from connect_wire.apis import APIS, ApiKey
@@ -31,7 +56,10 @@ from connect_wire.framing import (
 )
 from coordinator import logs
 from coordinator.group.coordinator import RequestContext
-from coordinator.server.kafka_apis import Encoded
+from coordinator.security import ANONYMOUS
+from coordinator.security import sasl as mechanisms
+from coordinator.security.tls import peer_principal
+from coordinator.server.kafka_apis import Encoded, build
 
 if TYPE_CHECKING:
     from coordinator.server.app import CoordinatorServer
@@ -44,7 +72,8 @@ INFLIGHT = 1  # socket.max.inflight.requests / socket.max.inflight.bytes reached
 WRITE = 2  # unsent responses above socket.write.buffer.bytes (the transport's pause_writing)
 BUDGET = 4  # queued.max.request.bytes reached, and this connection holds some of it
 HEAVY = 8  # a request whose answer grows with the state (not the request) is in flight
-_RUN_STOP = INFLIGHT | WRITE | HEAVY
+AUTH = 16  # a SASL step runs off the loop, or a failed authentication waits for its answer
+_RUN_STOP = INFLIGHT | WRITE | HEAVY | AUTH
 # APIs whose answer's size depends on what the daemon holds, not on the request: one at a time
 # per connection (found by review: ten pipelined ConnectGroupDescribe of one big group, never
 # read, built ten 61 MB answers at once; a backlog of 10,000-topic Metadata ran for seconds in
@@ -71,6 +100,48 @@ def _route(api_key: int, version: int) -> _Route | None:
             known, known.request_class(version), known.request_header_version(version) == 2,
             known.response_header_version(version))
     return route
+
+
+@dataclass(frozen=True)
+class Served:
+    """A listener as its connections see it."""
+
+    name: str = "PLAINTEXT"
+    protocol: str = "PLAINTEXT"
+    mechanisms: tuple[str, ...] = ()
+    """SASL mechanisms offered here (PLAIN only on TLS unless sasl.plain.allow.insecure)."""
+    ssl: ssl.SSLContext | None = None
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+
+PLAINTEXT = Served()
+
+# SASL states of a connection on a SASL listener (Kafka's SaslServerAuthenticator.SaslState).
+HANDSHAKE = 0  # before SaslHandshake: ApiVersions and SaslHandshake only
+AUTHENTICATE = 1  # after SaslHandshake: SaslAuthenticate only
+BUSY = 2  # a mechanism step runs in a thread (reading stopped)
+AUTHENTICATED = 3
+FAILED = 4  # the failure's answer is waiting for the delay; then the connection is closed
+_SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
+_SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
+_API_VERSIONS = int(ApiKey.API_VERSIONS)
+
+
+class _Sasl:
+    """A SASL connection's authentication state."""
+
+    __slots__ = ("state", "server", "mechanism", "expires", "reauth", "user")
+
+    def __init__(self) -> None:
+        self.state = HANDSHAKE
+        self.server: mechanisms.MechanismServer | None = None
+        self.mechanism = ""  # of the current session (or the one being negotiated)
+        self.expires: float | None = None  # monotonic end of the session (KIP-368)
+        self.reauth = False  # the exchange in progress re-authenticates a session
+        self.user: str | None = None
 
 
 class _LastBody:
@@ -107,8 +178,12 @@ class _Slot:
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: CoordinatorServer) -> None:
+    def __init__(self, server: CoordinatorServer, listener: Served = PLAINTEXT) -> None:
         self.server = server
+        self.listener = listener
+        self.principal = ANONYMOUS
+        self._sasl: _Sasl | None = None
+        self._closing = False  # close once the pending answers are written (auth failure)
         self.decoder = FrameDecoder(server.max_frame_bytes)
         self.pending: deque[_Slot] = deque()
         self.transport: asyncio.Transport | None = None
@@ -129,7 +204,7 @@ class Connection(asyncio.Protocol):
         self._lost = False  # connection_lost ran: slots filled later are not counted
         self._peer_closed = False  # seen in CLOSE_WAIT while paused for the budget
         self._eof = False  # the peer half-closed: close after the pending responses
-        self._ctx = RequestContext()  # the last request's context (client id, peer): reused
+        self._ctx = RequestContext(listener=listener.name)  # the last request's context: reused
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -139,6 +214,14 @@ class Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=high, low=high // 4)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else str(peer)
+        listener = self.listener
+        if listener.protocol == "SSL":  # (on SASL_SSL the SASL user is the principal)
+            self.principal = peer_principal(transport.get_extra_info("ssl_object")) or ANONYMOUS
+        elif listener.sasl:
+            self._sasl = _Sasl()
+            self.decoder.max_frame_size = self.server.sasl_max_receive_bytes
+        self._ctx = RequestContext(client_host=self.peer, principal=self.principal,
+                                   listener=listener.name)
         if not self.server.register(self):
             log.warning("connection limit reached: closing", peer=self.peer)
             self.closed = True
@@ -293,6 +376,11 @@ class Connection(asyncio.Protocol):
             log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
             self.close()
             return
+        sasl = self._sasl
+        if sasl is not None and (sasl.state != AUTHENTICATED or api_key == _SASL_HANDSHAKE
+                                 or (sasl.expires is not None and started >= sasl.expires)):
+            if self._sasl_gate(sasl, api_key, version, correlation_id, frame, started):
+                return
         route = _route(api_key, version)
         if route is None:
             api = APIS.get(api_key)
@@ -347,7 +435,9 @@ class Connection(asyncio.Protocol):
         slot.request = request
         ctx = self._ctx
         if ctx.client_id != (client_id or "") or ctx.client_host != self.peer:
-            ctx = self._ctx = RequestContext(client_id=client_id or "", client_host=self.peer)
+            ctx = self._ctx = RequestContext(client_id=client_id or "", client_host=self.peer,
+                                             principal=self.principal,
+                                             listener=self.listener.name)
         try:
             answer = self.server.router.dispatch(api_key, version, request, ctx)
         except Exception as exc:  # a bug must not take the daemon (or this connection) down
@@ -484,9 +574,251 @@ class Connection(asyncio.Protocol):
             self._go(INFLIGHT)
         if heavy_done and not self._heavy and self._pause & HEAVY:
             self._go(HEAVY)
-        if self._eof and not pending and not self._backlog:
+        if (self._eof and not pending and not self._backlog) or (self._closing and not pending):
             self.close()
 
     @property
     def idle_for(self) -> float:
         return time.monotonic() - self.last_request if not (self.pending or self._backlog) else 0.0
+
+    # -- SASL (Kafka's SaslServerAuthenticator; see the module docstring) --------------------------
+    def _sasl_gate(self, sasl: _Sasl, api_key: int, version: int, correlation_id: int,
+                   frame: bytes, started: float) -> bool:
+        """A request on a SASL connection that is not authenticated, or a SaslHandshake, or a
+        request after the session ended. True: handled here (else: served as usual)."""
+        state = sasl.state
+        if state == AUTHENTICATED:
+            if api_key == _SASL_HANDSHAKE:  # KIP-368: re-authentication on this connection
+                self._sasl_handshake(sasl, version, correlation_id, frame, started, reauth=True)
+                return True
+            # The session ended and the client did not re-authenticate: as Kafka, close.
+            log.info("closing connection: SASL session expired", peer=self.peer,
+                     principal=self.principal, listener=self.listener.name)
+            self.server.metrics.sessions_expired.inc()
+            self.close()
+            return True
+        if state == HANDSHAKE:
+            if api_key == _API_VERSIONS:
+                return False
+            if api_key == _SASL_HANDSHAKE:
+                self._sasl_handshake(sasl, version, correlation_id, frame, started, reauth=False)
+                return True
+            name = APIS[api_key].name if api_key in APIS else f"API {api_key}"
+            log.info("closing connection: request before SASL authentication", peer=self.peer,
+                     listener=self.listener.name, api=name)
+            self._count_auth("", False, False)
+            self.close()
+            return True
+        if state == AUTHENTICATE and api_key == _SASL_AUTHENTICATE:
+            self._sasl_authenticate(sasl, version, correlation_id, frame, started)
+            return True
+        if state == AUTHENTICATE:
+            # Kafka answers the request with ILLEGAL_SASL_STATE and closes.
+            route = _route(api_key, version)
+            request = None
+            if route is not None:
+                try:
+                    offset = request_client_id(frame, route[2])[1]
+                    request = codec.decode(route[1], frame, offset)[0]
+                except (MalformedHeader, codec.DecodeError):
+                    request = None
+            name = route[0].name if route is not None else "Unknown"
+            if request is None:
+                self._count_auth(sasl.mechanism, False, sasl.reauth)
+                self.close()
+                return True
+            slot = self._slot(correlation_id, route[3], name, started, len(frame))  # type: ignore[index]
+            slot.request = request
+            message = f"Unexpected Kafka request of type {name} during SASL authentication."
+            try:
+                response = self.server.router.error_response(request, ErrorCode.ILLEGAL_SASL_STATE,
+                                                             message)
+            except Exception:  # noqa: BLE001 (nothing to answer with: just close)
+                self._forget(slot)
+                self.close()
+                return True
+            self._sasl_fail(sasl, slot, response, ErrorCode.ILLEGAL_SASL_STATE, message)
+            return True
+        # BUSY / FAILED: reading is stopped; nothing more is served on this connection.
+        self.close()
+        return True
+
+    def _sasl_handshake(self, sasl: _Sasl, version: int, correlation_id: int, frame: bytes,
+                        started: float, reauth: bool) -> None:
+        offered = self.listener.mechanisms
+        if version == 0:
+            # Raw SASL tokens would follow a v0 handshake: not served (Kafka 4.0 removed it).
+            slot = self._slot(correlation_id, 0, "SaslHandshake", started, len(frame))
+            message = ("SaslHandshake v0 (SASL tokens without SaslAuthenticate framing) is not "
+                       "supported: use SaslHandshake v1 and SaslAuthenticate")
+            response = _HandshakeV0(error_code=ErrorCode.UNSUPPORTED_VERSION,  # type: ignore[arg-type]
+                                    mechanisms=offered)
+            self._sasl_fail(sasl, slot, response, ErrorCode.UNSUPPORTED_VERSION, message)
+            return
+        route = _route(_SASL_HANDSHAKE, version)
+        if route is None:  # a version we do not know: the generic UNSUPPORTED_VERSION answer
+            slot = self._slot(correlation_id, 0, "SaslHandshake", started, len(frame))
+            self._fill(slot, self.server.router.api_versions(0, ErrorCode.UNSUPPORTED_VERSION),
+                       ErrorCode.UNSUPPORTED_VERSION)
+            self._closing = True
+            self._stop(AUTH)
+            return
+        api, request_class, flexible, header = route
+        try:
+            offset = request_client_id(frame, flexible)[1]
+            request = codec.decode(request_class, frame, offset)[0]
+        except (MalformedHeader, codec.DecodeError) as exc:
+            log.info("closing connection: malformed SaslHandshake", peer=self.peer, error=str(exc))
+            self._count_auth("", False, reauth)
+            self.close()
+            return
+        slot = self._slot(correlation_id, header, api.name, started, len(frame))
+        slot.request = request
+        cls = api.response_class(version)
+        wanted = request.mechanism
+        sasl.reauth = reauth
+        if reauth and wanted != sasl.mechanism:
+            message = (f"re-authentication must use the session's mechanism {sasl.mechanism}, "
+                       f"not {wanted}")
+            self._sasl_fail(sasl, slot, build(cls, {
+                "error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                "mechanisms": [sasl.mechanism]}), ErrorCode.UNSUPPORTED_SASL_MECHANISM, message)
+            return
+        if wanted not in offered:
+            message = (f"Unsupported SASL mechanism {wanted!r} on listener {self.listener.name} "
+                       f"(enabled: {', '.join(offered)})")
+            sasl.mechanism = wanted
+            self._sasl_fail(sasl, slot, build(cls, {
+                "error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": list(offered)}),
+                ErrorCode.UNSUPPORTED_SASL_MECHANISM, message)
+            return
+        sasl.server = mechanisms.new_server(wanted, self.server.security.scram_credential)
+        sasl.mechanism = wanted
+        sasl.state = AUTHENTICATE
+        self._fill(slot, build(cls, {"error_code": 0, "mechanisms": list(offered)}), 0)
+
+    def _sasl_authenticate(self, sasl: _Sasl, version: int, correlation_id: int, frame: bytes,
+                           started: float) -> None:
+        route = _route(_SASL_AUTHENTICATE, version)
+        if route is None:
+            log.info("closing connection: unsupported SaslAuthenticate version", peer=self.peer,
+                     version=version)
+            self._count_auth(sasl.mechanism, False, sasl.reauth)
+            self.close()
+            return
+        api, request_class, flexible, header = route
+        try:
+            offset = request_client_id(frame, flexible)[1]
+            request = codec.decode(request_class, frame, offset)[0]
+        except (MalformedHeader, codec.DecodeError) as exc:
+            log.info("closing connection: malformed SaslAuthenticate", peer=self.peer,
+                     error=str(exc))
+            self._count_auth(sasl.mechanism, False, sasl.reauth)
+            self.close()
+            return
+        slot = self._slot(correlation_id, header, api.name, started, len(frame))
+        slot.request = request
+        cls = api.response_class(version)
+        server = sasl.server
+        assert server is not None
+        token = bytes(request.auth_bytes)
+        if not server.blocking:
+            try:
+                result: bytes | mechanisms.SaslFailure = server.step(token)
+            except mechanisms.SaslFailure as exc:
+                result = exc
+            self._sasl_stepped(sasl, slot, cls, result)
+            return
+        # PLAIN: parse and look the credential up here, derive the password in a thread.
+        try:
+            server.prepare(token)  # type: ignore[attr-defined]
+        except mechanisms.SaslFailure as exc:
+            self._sasl_stepped(sasl, slot, cls, exc)
+            return
+        sasl.state = BUSY
+        self._stop(AUTH)
+        future = asyncio.get_running_loop().run_in_executor(None, server.finish)  # type: ignore[attr-defined]
+
+        def stepped(f: asyncio.Future[bytes]) -> None:
+            if self._lost:
+                return
+            exc = f.exception() if not f.cancelled() else mechanisms.SaslFailure("cancelled")
+            outcome: bytes | mechanisms.SaslFailure
+            if exc is None:
+                outcome = f.result()
+            elif isinstance(exc, mechanisms.SaslFailure):
+                outcome = exc
+            else:
+                log.error("SASL step failed", error=repr(exc), peer=self.peer)
+                outcome = mechanisms.SaslFailure("Authentication failed: internal error")
+            sasl.state = AUTHENTICATE
+            self._sasl_stepped(sasl, slot, cls, outcome)
+            if sasl.state != FAILED:
+                self._go(AUTH)
+        future.add_done_callback(stepped)
+
+    def _sasl_stepped(self, sasl: _Sasl, slot: _Slot, cls: type,
+                      outcome: bytes | mechanisms.SaslFailure) -> None:
+        server = sasl.server
+        assert server is not None
+        if isinstance(outcome, mechanisms.SaslFailure):
+            sasl.user = server.user
+            self._sasl_fail(sasl, slot, build(cls, {
+                "error_code": ErrorCode.SASL_AUTHENTICATION_FAILED, "error_message": str(outcome),
+                "auth_bytes": b""}), ErrorCode.SASL_AUTHENTICATION_FAILED, str(outcome))
+            return
+        if not server.done:
+            self._fill(slot, build(cls, {"error_code": 0, "error_message": None,
+                                         "auth_bytes": outcome}), 0)
+            return
+        principal = f"User:{server.user}"
+        if sasl.reauth and principal != self.principal:
+            sasl.user = server.user
+            message = ("Cannot change principals during re-authentication from "
+                       f"{self.principal}: {principal}")
+            self._sasl_fail(sasl, slot, build(cls, {
+                "error_code": ErrorCode.SASL_AUTHENTICATION_FAILED, "error_message": message,
+                "auth_bytes": b""}), ErrorCode.SASL_AUTHENTICATION_FAILED, message)
+            return
+        lifetime_ms = self.server.max_reauth_ms
+        sasl.state = AUTHENTICATED
+        sasl.server = None
+        sasl.user = server.user
+        sasl.expires = time.monotonic() + lifetime_ms / 1000 if lifetime_ms > 0 else None
+        self._count_auth(sasl.mechanism, True, sasl.reauth)
+        if not sasl.reauth:
+            self.principal = principal
+            self.decoder.max_frame_size = self.server.max_frame_bytes
+            self._ctx = RequestContext(client_host=self.peer, principal=principal,
+                                       listener=self.listener.name)
+            log.debug("authenticated", peer=self.peer, principal=principal,
+                      mechanism=sasl.mechanism, listener=self.listener.name)
+        self._fill(slot, build(cls, {"error_code": 0, "error_message": None, "auth_bytes": outcome,
+                                     "session_lifetime": lifetime_ms}), 0)
+
+    def _sasl_fail(self, sasl: _Sasl, slot: _Slot, response: Any, code: int, reason: str) -> None:
+        """Authentication failed: nothing more is read or run; ``response`` is answered after
+        connection.failed.authentication.delay.ms, then the connection is closed."""
+        sasl.state = FAILED
+        sasl.server = None
+        self._stop(AUTH)
+        self._count_auth(sasl.mechanism, False, sasl.reauth)
+        self.server.auth_failure_logged(self.peer, self.listener.name, sasl.mechanism, sasl.user,
+                                        reason, sasl.reauth)
+
+        def answer() -> None:
+            if self._lost:
+                return
+            self._closing = True
+            self._fill(slot, response, code)
+        delay = self.server.auth_failure_delay_s
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, answer)
+        else:
+            answer()
+
+    def _count_auth(self, mechanism: str, ok: bool, reauth: bool) -> None:
+        label = mechanism if mechanism in mechanisms.MECHANISMS else ("none" if not mechanism
+                                                                      else "unknown")
+        self.server.metrics.authentications.labels(
+            label, "success" if ok else "failure", "true" if reauth else "false").inc()

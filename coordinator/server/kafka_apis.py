@@ -25,6 +25,7 @@ from connect_wire.errors import ErrorCode
 
 CLUSTER_ID = "connect-coordinator"
 NODE_ID = 0
+DENIED = ("denied",)  # find_coordinator: a key the authorizer refused (spliced answers)
 
 
 def _kio_error(code: int) -> KioErrorCode:
@@ -137,9 +138,12 @@ def metadata(cls: type, request: Any, brokers: list[Node], controller_id: int = 
 
 
 def find_coordinator(cls: type, request: Any, version: int,
-                     locate: Callable[[str], Node | None]) -> Any:
+                     locate: Callable[[str], Node | None],
+                     denied: Callable[[str], str | None] | None = None) -> Any:
     """``locate(group_id)``: the node coordinating the group now, None while nobody does
-    (COORDINATOR_NOT_AVAILABLE, retriable: a partition moving between nodes)."""
+    (COORDINATOR_NOT_AVAILABLE, retriable: a partition moving between nodes). ``denied(key)``
+    (authorizer=acl): None when the key may be described, else the message of its
+    GROUP_AUTHORIZATION_FAILED (checked first, as Kafka)."""
     def unavailable(key: str) -> dict[str, Any]:
         return {"key": key, "node_id": -1, "host": "", "port": -1,
                 "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -151,6 +155,16 @@ def find_coordinator(cls: type, request: Any, version: int,
             return {"key": key, "node_id": -1, "host": "", "port": -1,
                     "error_code": ErrorCode.INVALID_REQUEST,
                     "error_message": f"only group coordinators (key type 0) are served, not {key_type}"}
+        if node is DENIED:
+            return {"key": key, "node_id": -1, "host": "", "port": -1,
+                    "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                    "error_message": "Not authorized to access group"}
+        if denied is not None and node is True and empty is None:
+            message = denied(key)
+            if message is not None:
+                return {"key": key, "node_id": -1, "host": "", "port": -1,
+                        "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                        "error_message": message}
         if (not key) if empty is None else empty:
             return {"key": key, "node_id": -1, "host": "", "port": -1,
                     "error_code": ErrorCode.INVALID_GROUP_ID, "error_message": "empty group id"}
@@ -175,6 +189,8 @@ def find_coordinator(cls: type, request: Any, version: int,
                 return refuse_items_async(make, "coordinators", keys, 0)
 
             def pick(key: str) -> Any:  # (non-empty, the node), one entry shape per pair
+                if denied is not None and denied(key) is not None:
+                    return (True, DENIED)
                 return (False, None) if not key else (True, locate(key))
             return refuse_items_async(make, "coordinators", keys, 0, variants=_Lazy(
                 lambda tag: lambda k: make(k, not tag[0], tag[1] if tag[0] else None)),
