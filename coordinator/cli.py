@@ -7,6 +7,8 @@
     connect-coordinator connectors list --group G [--json]
     connect-coordinator groups list [--json]
     connect-coordinator groups describe G [G ...] [--json]
+    connect-coordinator users list|add|delete ...      SCRAM users (coordinator/security/cli.py)
+    connect-coordinator acls list|add|delete ...       ACLs
 
 Admin commands take ``--bootstrap HOST:PORT[,HOST:PORT...]`` (repeatable; default
 127.0.0.1:9092): the addresses are tried in turn, and a group's requests go to the node
@@ -134,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
     gd = admin(gsub, "describe", "members, epochs and assignments of groups")
     gd.add_argument("groups", nargs="+", metavar="GROUP")
     gd.add_argument("--json", action="store_true")
+    from coordinator.security.cli import add_commands
+    add_commands(sub, admin)  # users, acls
     return p
 
 
@@ -285,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "connectors":
             cmd_connectors(args, sys.stdout)
+        elif args.command in ("users", "acls"):
+            from coordinator.security.cli import main as security_main
+            return security_main(args, sys.stdout, _session)
         else:
             cmd_groups(args, sys.stdout)
     except (CliError, AdminError) as exc:
