@@ -101,6 +101,8 @@ class ErrorCode(IntEnum):
     REBALANCE_IN_PROGRESS = 27, False, "The group is rebalancing, so a rejoin is needed."
     GROUP_AUTHORIZATION_FAILED = 30, False, "Group authorization failed."
     CLUSTER_AUTHORIZATION_FAILED = 31, False, "Cluster authorization failed."
+    UNSUPPORTED_SASL_MECHANISM = 33, False, "The broker does not support the requested SASL mechanism."
+    ILLEGAL_SASL_STATE = 34, False, "Request is not valid given the current SASL state."
     UNSUPPORTED_VERSION = 35, False, "The version of API is not supported."
     INVALID_CONFIG = 40, False, "Configuration is invalid."
     INVALID_REQUEST = (
@@ -111,6 +113,7 @@ class ErrorCode(IntEnum):
     )
     POLICY_VIOLATION = 44, False, "Request parameters do not satisfy the configured policy."
     KAFKA_STORAGE_ERROR = 56, True, "Disk error when trying to access log file on the disk."
+    SASL_AUTHENTICATION_FAILED = 58, False, "SASL Authentication failed."
     NON_EMPTY_GROUP = 68, False, "The group is not empty."
     GROUP_ID_NOT_FOUND = 69, False, "The group id does not exist."
     MEMBER_ID_REQUIRED = (
