@@ -8,6 +8,13 @@
   the one asked), with retries on NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE (rediscover) and
   COORDINATOR_LOAD_IN_PROGRESS (same node) under a bounded backoff, until the session's timeout.
   :meth:`AdminSession.list_groups` asks every node Metadata lists and merges their answers.
+
+Security (issue 13, :mod:`connect_wire.client_security`): given a :class:`ClientSecurity`, every
+connection (bootstrap, FindCoordinator's node, each node of ``groups list``) is opened with TLS
+when the protocol says so and authenticated (ApiVersions, SaslHandshake, SaslAuthenticate)
+before its first request, and authenticated again before the session lifetime the server gave
+ends (KIP-368). A refusal raises :class:`SecurityError` (not an :class:`AdminError`: the next
+bootstrap address is not tried, as Kafka's clients treat it as fatal).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import itertools
 import random
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +33,15 @@ from typing import Any
 from connect_wire import codec
 from connect_wire.addresses import Address, format_addresses
 from connect_wire.apis import APIS
+from connect_wire.client_security import (
+    ClientSecurity,
+    ExchangeError,
+    Session,
+    open_exchange,
+    reauth_exchange,
+    tls_failure,
+    wire_types,
+)
 from connect_wire.errors import ErrorCode, error_name
 from connect_wire.framing import encode_request_frame, parse_response_header
 
@@ -45,16 +62,63 @@ class CannotConnect(AdminError):
 
 
 class AdminClient:
+    """One connection; with ``security`` (and its ``ssl_context``, built once by the caller)
+    opened with TLS and authenticated here, re-authenticated before a call once 85-95 % of the
+    session lifetime the server gave has passed."""
+
     def __init__(self, host: str, port: int, timeout_s: float = 10.0,
-                 client_id: str = "connect-coordinator-cli") -> None:
+                 client_id: str = "connect-coordinator-cli",
+                 security: ClientSecurity | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.address = (host, port)
         self.timeout_s = timeout_s
         self.client_id = client_id
+        self.security = security
+        self.session: Session | None = None
+        self.reauthentications = 0
+        self._reauth_at: float | None = None
         self._ids = itertools.count(1)
+        where = format_addresses([self.address])
         try:
-            self.sock = socket.create_connection(self.address, timeout=timeout_s)
+            sock = socket.create_connection(self.address, timeout=timeout_s)
         except OSError as exc:
-            raise CannotConnect(f"cannot connect to {host}:{port}: {exc}") from None
+            raise CannotConnect(f"cannot connect to {where}: {exc}") from None
+        if security is not None and security.uses_tls:
+            context = ssl_context or security.ssl_context()
+            try:
+                sock = context.wrap_socket(sock, server_hostname=host)
+            except OSError as exc:  # (ssl.SSLError included)
+                sock.close()
+                refused = tls_failure(exc, where, security)
+                if refused is not None:
+                    raise refused from None
+                raise CannotConnect(f"TLS handshake with {where} failed: {exc}") from None
+        self.sock = sock
+        if security is not None and security.protocol != "PLAINTEXT":
+            try:
+                self.session = self._drive(open_exchange(security, where))
+            except BaseException:
+                self.close()
+                raise
+            self._reauth_at = self.session.reauth_at() if self.session is not None else None
+
+    def _drive(self, exchange: Any) -> Any:
+        try:
+            request = next(exchange)
+            while True:
+                request = exchange.send(self._exchange(request, None))
+        except StopIteration as done:
+            return done.value
+        except ExchangeError as exc:
+            raise AdminError(str(exc)) from None
+
+    def _reauthenticate(self) -> None:
+        """KIP-368: SaslHandshake + SaslAuthenticate again on this connection."""
+        assert self.security is not None and self.session is not None
+        self.session = self._drive(reauth_exchange(self.security, self.session,
+                                                   format_addresses([self.address])))
+        self.reauthentications += 1
+        self._reauth_at = self.session.reauth_at()
 
     def close(self) -> None:
         self.sock.close()
@@ -64,6 +128,16 @@ class AdminClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _tls_refusal(self) -> Any:
+        """After a failed send: the TLS alert the server may have sent before it closed (a
+        write can fail before the alert is read), as a refusal; None if there is none."""
+        try:
+            self.sock.settimeout(0.5)
+            self.sock.recv(1)
+        except OSError as exc:
+            return tls_failure(exc, format_addresses([self.address]), self.security)
+        return None
 
     def _read_exactly(self, n: int) -> bytes:
         chunks = []
@@ -77,12 +151,22 @@ class AdminClient:
         return b"".join(chunks)
 
     def call(self, request: Any, version: int | None = None) -> Any:
-        api = APIS[type(request).__api_key__]
-        version = type(request).__version__ if version is None else version
+        if self._reauth_at is not None and time.monotonic() >= self._reauth_at:
+            self._reauthenticate()
+        return self._exchange(request, version)
+
+    def _exchange(self, request: Any, version: int | None) -> Any:
+        if version is None:
+            key, version, request_header, response_cls, response_header = wire_types(type(request))
+        else:
+            api = APIS[type(request).__api_key__]
+            key, request_header = api.key, api.request_header_version(version)
+            response_cls, response_header = (api.response_class(version),
+                                             api.response_header_version(version))
         correlation_id = next(self._ids)
         frame = encode_request_frame(
-            api.key, version, correlation_id, self.client_id, codec.encode(request),
-            header_version=api.request_header_version(version),
+            key, version, correlation_id, self.client_id, codec.encode(request),
+            header_version=request_header,
         )
         try:
             self.sock.sendall(frame)
@@ -91,12 +175,19 @@ class AdminClient:
                 raise AdminError(f"{self.address[0]}:{self.address[1]} sent a negative frame size")
             body = self._read_exactly(size)
         except (OSError, struct.error) as exc:
+            refused = tls_failure(exc, format_addresses([self.address]), self.security) \
+                if isinstance(exc, OSError) else None
+            if refused is None and isinstance(exc, OSError) and self.security is not None \
+                    and self.security.uses_tls:
+                refused = self._tls_refusal()
+            if refused is not None:  # (TLS 1.3: the server refusing our certificate shows here)
+                raise refused from None
             raise AdminError(f"request to {self.address[0]}:{self.address[1]} failed: {exc}") from None
-        got, offset = parse_response_header(body, api.response_header_version(version))
+        got, offset = parse_response_header(body, response_header)
         if got != correlation_id:
             raise AdminError(f"correlation id {got} != {correlation_id}")
         try:
-            return codec.decode(api.response_class(version), body, offset)[0]
+            return codec.decode(response_cls, body, offset)[0]
         except codec.DecodeError as exc:
             raise AdminError(f"unreadable response: {exc}") from None
 
@@ -153,10 +244,14 @@ class AdminSession:
 
     def __init__(self, bootstrap: Sequence[Address], timeout_s: float = 10.0,
                  client_id: str = "connect-coordinator-cli", backoff_s: float = 0.05,
-                 max_backoff_s: float = 1.0) -> None:
+                 max_backoff_s: float = 1.0, security: ClientSecurity | None = None) -> None:
         if not bootstrap:
             raise ValueError("at least one bootstrap address is needed")
         self.bootstrap = list(bootstrap)
+        # Security (issue 13): the TLS context (CA and client certificate files) is loaded
+        # once, here (SecurityConfigError if it cannot be).
+        self.security = security
+        self.ssl_context = security.ssl_context() if security is not None else None
         self.timeout_s = timeout_s
         self.client_id = client_id
         self.backoff_s = backoff_s
@@ -178,9 +273,14 @@ class AdminSession:
     def _client(self, address: Address) -> AdminClient:
         client = self._clients.get(address)
         if client is None:
-            client = AdminClient(*address, timeout_s=self.timeout_s, client_id=self.client_id)
+            client = self.connect(address)
             self._clients[address] = client
         return client
+
+    def connect(self, address: Address) -> AdminClient:
+        """A new connection to ``address`` with the session's security (not cached)."""
+        return AdminClient(*address, timeout_s=self.timeout_s, client_id=self.client_id,
+                           security=self.security, ssl_context=self.ssl_context)
 
     def _drop(self, address: Address) -> None:
         client = self._clients.pop(address, None)
@@ -283,8 +383,7 @@ class AdminSession:
                             resp = self._call_at(answered, request)
                         else:
                             if own is None:
-                                own = AdminClient(*node.address, timeout_s=self.timeout_s,
-                                                  client_id=self.client_id)
+                                own = self.connect(node.address)
                             resp = own.call(request)
                     except AdminError as exc:
                         return None, str(exc)

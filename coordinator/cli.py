@@ -14,6 +14,12 @@ Admin commands take ``--bootstrap HOST:PORT[,HOST:PORT...]`` (repeatable; defaul
 127.0.0.1:9092): the addresses are tried in turn, and a group's requests go to the node
 FindCoordinator names for it. An error from the coordinator prints its protocol name and message
 and exits 1, as does no address answering; a usage error (a bad address included) exits 2.
+
+They also take Kafka's client security settings (issue 13): ``--command-config FILE`` (a
+properties or TOML file, as Kafka's tools) and ``--security-protocol``, ``--sasl-mechanism``,
+``--sasl-username``, ``--sasl-password-file`` (or ``$CONNECT_SASL_PASSWORD``), ``--ssl-cafile``,
+``--ssl-certfile``, ``--ssl-keyfile``, ``--ssl-check-hostname`` (connect_wire.client_security,
+docs/security.md). Credentials refused print one line and exit 1; bad settings exit 2.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import sys
 from typing import Any
 
+from connect_wire import client_security
 from connect_wire.addresses import Address, parse_bootstrap
 from connect_wire.errors import error_name
 from connect_wire.messages import (
@@ -106,6 +113,7 @@ def parser() -> argparse.ArgumentParser:
         a.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                        help="bound on each connection and answer, and on retrying a group whose "
                        "coordinator is moving or loading (default 10)")
+        client_security.add_arguments(a, "--command-config")
         return a
 
     conn = sub.add_parser("connectors", help="create, update, delete or list connectors")
@@ -144,7 +152,8 @@ def parser() -> argparse.ArgumentParser:
 def _session(args: argparse.Namespace) -> AdminSession:
     chosen = args.bootstrap or [parse_bootstrap(DEFAULT_BOOTSTRAP)]
     addresses = list(dict.fromkeys(a for group in chosen for a in group))
-    return AdminSession(addresses, timeout_s=args.timeout)
+    return AdminSession(addresses, timeout_s=args.timeout,
+                        security=client_security.from_args(args))
 
 
 def _check(code: int, message: str | None) -> None:
@@ -294,6 +303,14 @@ def main(argv: list[str] | None = None) -> int:
             return security_main(args, sys.stdout, _session)
         else:
             cmd_groups(args, sys.stdout)
+    except client_security.SecurityConfigError as exc:
+        print(f"connect-coordinator: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except client_security.SecurityError as exc:
+        what = "not authorized" if isinstance(exc, client_security.AuthorizationFailed) \
+            else "authentication failed"
+        print(f"connect-coordinator: {what}: {exc}", file=sys.stderr)
+        return 1
     except (CliError, AdminError) as exc:
         print(f"connect-coordinator: {exc}", file=sys.stderr)
         return 1

@@ -6,9 +6,16 @@
 SIGTERM or SIGINT stop the work and leave the group (-1; with --instance-id, -2: a planned
 restart keeps the work held for this instance until its session expires; --leave forces -1).
 
+Security (issue 13): Kafka's client settings (security.protocol, sasl.mechanism,
+sasl.username, the password from --sasl-password-file or $CONNECT_SASL_PASSWORD, ssl.cafile,
+ssl.certfile/ssl.keyfile, ssl.check.hostname) from --client-config FILE (.properties or .toml)
+and flags; see connect_wire.client_security and docs/security.md.
+
 Exit status: 0 after a clean stop, 1 when the coordinator refused the worker, 2 for a usage or
 configuration error, 3 for a fail-stop (a plugin did not stop within the stop budget, so the
-process ended itself rather than let its work run on two workers; see docs/worker.md).
+process ended itself rather than let its work run on two workers; see docs/worker.md), 4 when
+the coordinator refused its credentials or permissions (TLS or SASL authentication failed,
+UNSUPPORTED_SASL_MECHANISM, GROUP_AUTHORIZATION_FAILED): not retried, fix the settings or ACLs.
 """
 
 from __future__ import annotations
@@ -20,8 +27,18 @@ import os
 import signal
 import sys
 
+from connect_wire import client_security
 from connect_wire.addresses import Address, parse_bootstrap
 from worker_client import logs
+
+SECURITY_EXIT = 4
+"""Exit status when the coordinator refused the worker's credentials or permissions."""
+EXIT_STATUS = ("Exit status: 0 stopped cleanly, 1 refused by the coordinator (e.g. "
+               "UNSUPPORTED_ASSIGNOR), 2 usage or configuration error, 3 fail-stop (a plugin did "
+               "not stop within its stop budget; restart the worker), 4 credentials or "
+               "permissions refused (TLS or SASL authentication failed, UNSUPPORTED_SASL_MECHANISM, "
+               "GROUP_AUTHORIZATION_FAILED; not retried: fix the security settings or the ACLs). "
+               "A connection that cannot be made or breaks is retried, never an exit.")
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -42,14 +59,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="connect-worker",
                                 description="A worker of a connect group: runs the connectors and "
                                 "tasks the coordinator assigns it.",
-                                epilog="Exit status: 0 stopped cleanly, 1 refused by the coordinator, "
-                                "2 usage or configuration error, 3 fail-stop (a plugin did not stop "
-                                "within its stop budget; restart the worker).")
+                                epilog=EXIT_STATUS)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     r = sub.add_parser("run", help="join a group and work until stopped",
-                       epilog="Exit status: 0 stopped cleanly, 1 refused by the coordinator, 2 usage "
-                       "or configuration error, 3 fail-stop (a plugin did not stop within its stop "
-                       "budget; restart the worker).")
+                       description="Join a group and work until stopped (SIGTERM/SIGINT).",
+                       epilog=EXIT_STATUS)
     r.add_argument("--bootstrap", type=_bootstrap, action="append", required=True,
                    metavar="HOST:PORT[,HOST:PORT...]",
                    help="coordinator nodes, comma-separated and/or repeated: any that answers "
@@ -84,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics (default: off)")
     r.add_argument("--log-format", choices=("json", "console"), default="json")
     r.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    client_security.add_arguments(r, "--client-config")
     return p
 
 
@@ -91,8 +106,19 @@ async def _run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from worker_client.failstop import FAIL_STOP_EXIT
-    from worker_client.worker import Worker, WorkerConfig, WorkerFailed, WorkerFailStopped
+    from worker_client.worker import (
+        Worker,
+        WorkerConfig,
+        WorkerFailed,
+        WorkerFailStopped,
+        WorkerSecurityFailed,
+    )
 
+    try:
+        security = client_security.from_args(args)
+    except client_security.SecurityConfigError as exc:
+        print(f"connect-worker: configuration error: {exc}", file=sys.stderr)
+        return 2
     config = WorkerConfig(
         bootstrap=list(dict.fromkeys(a for group in args.bootstrap for a in group)),
         group_id=args.group, member_id=args.member_id,
@@ -100,6 +126,7 @@ async def _run(args: argparse.Namespace) -> int:
         rebalance_timeout_ms=args.rebalance_timeout_ms, session_timeout_ms=args.session_timeout_ms,
         long_poll=not args.no_long_poll, max_delay_ms=args.max_delay_ms,
         assignors=[a.strip() for a in args.assignors.split(",") if a.strip()],
+        security=security,
     )
     try:
         worker = Worker(config)
@@ -123,6 +150,10 @@ async def _run(args: argparse.Namespace) -> int:
         except WorkerFailStopped as exc:  # (the fail-stop action ends the process first)
             print(f"connect-worker: {exc}", file=sys.stderr)
             os._exit(FAIL_STOP_EXIT)
+        except WorkerSecurityFailed as exc:
+            what = ("not authorized" if exc.code in (30, 31) else "authentication failed")
+            print(f"connect-worker: {what}: {exc}", file=sys.stderr)
+            return SECURITY_EXIT
         except WorkerFailed as exc:
             print(f"connect-worker: {exc}", file=sys.stderr)
             return 1

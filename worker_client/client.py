@@ -7,6 +7,14 @@
   FindCoordinator, reconnect with exponential backoff and jitter, and **two** connections: one
   for the long-polled heartbeat, one for every other call (PrepareAssignment, Install,
   Describe), since a parked heartbeat holds back whatever follows it on its connection.
+
+Security (issue 13, :mod:`connect_wire.client_security`): with a :class:`ClientSecurity` every
+connection, the FindCoordinator ones to bootstrap nodes included, is opened with TLS when the
+protocol says so and authenticated (ApiVersions, SaslHandshake, SaslAuthenticate) before its
+first request, and re-authenticated on the same connection before the session lifetime the
+server gave ends (KIP-368). A refusal (:class:`SecurityError`: bad credentials, a mechanism the
+server does not enable, a certificate that does not verify, GROUP_AUTHORIZATION_FAILED from
+FindCoordinator) is raised as such, never as :class:`ConnectionFailed`: retrying cannot fix it.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import asyncio
 import contextlib
 import itertools
 import random
+import ssl
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +32,17 @@ from typing import Any
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 
 from connect_wire import codec
-from connect_wire.apis import APIS
+from connect_wire.client_security import (
+    AuthorizationFailed,
+    ClientSecurity,
+    ExchangeError,
+    SecurityError,
+    Session,
+    open_exchange,
+    reauth_exchange,
+    tls_failure,
+    wire_types,
+)
 from connect_wire.errors import ErrorCode, ProtocolError
 from connect_wire.framing import FrameDecoder, FramingError, encode_request_frame, parse_response_header
 
@@ -45,28 +65,116 @@ class ConnectionFailed(Exception):
 
 
 class KrpcConnection:
-    def __init__(self, host: str, port: int, client_id: str) -> None:
+    """One connection. With ``security`` (and its ``ssl_context``, built once by the owner)
+    :meth:`open` also does TLS and SASL, and the connection re-authenticates itself before its
+    session ends: new requests wait meanwhile, the ones in flight are answered first."""
+
+    def __init__(self, host: str, port: int, client_id: str,
+                 security: ClientSecurity | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.host, self.port, self.client_id = host, port, client_id
+        self.security = security
+        self.ssl_context = ssl_context
+        if security is not None and security.uses_tls and ssl_context is None:
+            self.ssl_context = security.ssl_context()
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: deque[tuple[int, int, type, asyncio.Future[Any]]] = deque()
         self._ids = itertools.count(1)
         self._read_task: asyncio.Task[None] | None = None
+        self._reauth_task: asyncio.Task[None] | None = None
+        self._gate: asyncio.Future[None] | None = None  # set while re-authenticating
+        self._refused: SecurityError | None = None
+        self.session: Session | None = None
+        self.reauthentications = 0
         self.closed = True
 
-    async def open(self, timeout_s: float) -> None:
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    async def open(self, timeout_s: float, auth_timeout_s: float | None = None) -> None:
+        """Connect (and TLS) within ``timeout_s``; then authenticate, each answer within
+        ``auth_timeout_s`` (default ``timeout_s``). Raises ConnectionFailed, or
+        :class:`SecurityError` when the server refuses this client."""
+        tls = self.ssl_context
         try:
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port), timeout_s)
+                asyncio.open_connection(self.host, self.port, ssl=tls,
+                                        server_hostname=self.host if tls is not None else None,
+                                        ssl_handshake_timeout=timeout_s if tls is not None else None),
+                timeout_s)
         except (TimeoutError, OSError) as exc:
-            raise ConnectionFailed(f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
+            refused = tls_failure(exc, self.address, self.security)
+            if refused is not None:
+                raise refused from None
+            raise ConnectionFailed(f"cannot connect to {self.address}: {exc!r}") from None
         self.closed = False
         self._read_task = asyncio.create_task(self._read_loop())
+        if self.security is None or self.security.protocol == "PLAINTEXT":
+            return
+        try:
+            self.session = await self._drive(open_exchange(self.security, self.address),
+                                             auth_timeout_s or timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self._schedule_reauth()
+
+    async def _drive(self, exchange: Any, timeout_s: float) -> Any:
+        """Run a client_security exchange on this connection (bypassing the gate)."""
+        try:
+            request = next(exchange)
+            while True:
+                request = exchange.send(await self._send(request, timeout_s))
+        except StopIteration as done:
+            return done.value
+        except ExchangeError as exc:
+            self.close()
+            raise ConnectionFailed(str(exc)) from None
+
+    def _schedule_reauth(self) -> None:
+        at = self.session.reauth_at() if self.session is not None else None
+        if at is not None and not self.closed:
+            self._reauth_task = asyncio.create_task(self._reauthenticate(at))
+
+    async def _reauthenticate(self, at: float) -> None:
+        """KIP-368: at ``at`` (monotonic), hold new requests, let those in flight be answered
+        (at most half of what is left of the session), then SaslHandshake + SaslAuthenticate."""
+        assert self.session is not None and self.security is not None
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        self._gate = loop.create_future()
+        try:
+            end = self.session.started + self.session.lifetime_ms / 1000
+            drain_until = time.monotonic() + max(0.0, end - time.monotonic()) / 2
+            while self._pending and time.monotonic() < drain_until and not self.closed:
+                await asyncio.wait({self._pending[-1][3]}, timeout=drain_until - time.monotonic())
+            if self.closed:
+                return
+            timeout = max(1.0, end - time.monotonic())
+            self.session = await self._drive(reauth_exchange(self.security, self.session, self.address),
+                                             timeout)
+            self.reauthentications += 1
+        except SecurityError as exc:
+            self._refused = exc
+            self._fail_all(exc)
+            return
+        except ConnectionFailed:
+            self.close()
+            return
+        finally:
+            gate, self._gate = self._gate, None
+            if gate is not None and not gate.done():
+                gate.set_result(None)
+        self._schedule_reauth()
 
     async def _read_loop(self) -> None:
         assert self._reader is not None
         decoder = FrameDecoder(64 * 1024 * 1024)
-        error: Exception = ConnectionFailed(f"{self.host}:{self.port} closed the connection")
+        error: Exception = ConnectionFailed(f"{self.address} closed the connection")
         try:
             while True:
                 data = await self._reader.read(65536)
@@ -82,7 +190,12 @@ class KrpcConnection:
                     if not future.done():
                         future.set_result(codec.decode(cls, frame, offset)[0])
         except (OSError, FramingError, codec.DecodeError, ConnectionFailed) as exc:
-            error = exc if isinstance(exc, ConnectionFailed) else ConnectionFailed(repr(exc))
+            # A TLS alert after the handshake (TLS 1.3: the server refusing our certificate)
+            # arrives here, on the first read.
+            refused = tls_failure(exc, self.address, self.security) if isinstance(exc, OSError) else None
+            if refused is not None:
+                self._refused = refused
+            error = refused or (exc if isinstance(exc, ConnectionFailed) else ConnectionFailed(repr(exc)))
         finally:
             self._fail_all(error)
 
@@ -94,27 +207,55 @@ class KrpcConnection:
                 future.set_exception(error)
         if self._writer is not None:
             self._writer.close()
+        if self._reauth_task is not None and self._reauth_task is not asyncio.current_task():
+            self._reauth_task.cancel()
+        gate, self._gate = self._gate, None
+        if gate is not None and not gate.done():
+            gate.set_result(None)
 
     async def request(self, request: Any, timeout_s: float) -> Any:
+        gate = self._gate
+        if gate is not None:  # re-authenticating: requests wait for it (within their timeout)
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(asyncio.shield(gate), timeout_s)
+            except TimeoutError:
+                raise ConnectionFailed(f"re-authentication at {self.address} took longer than "
+                                       f"{timeout_s:.1f}s") from None
+            timeout_s = max(0.001, timeout_s - (time.monotonic() - started))
+        return await self._send(request, timeout_s)
+
+    async def _send(self, request: Any, timeout_s: float) -> Any:
+        if self._refused is not None:
+            raise self._refused
         if self.closed or self._writer is None:
             raise ConnectionFailed("connection is closed")
-        api = APIS[type(request).__api_key__]
-        version = type(request).__version__
+        key, version, request_header, response_cls, response_header = wire_types(type(request))
         correlation_id = next(self._ids)
-        frame = encode_request_frame(api.key, version, correlation_id, self.client_id,
-                                     codec.encode(request), api.request_header_version(version))
+        frame = encode_request_frame(key, version, correlation_id, self.client_id,
+                                     codec.encode(request), request_header)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append((correlation_id, api.response_header_version(version),
-                              api.response_class(version), future))
+        self._pending.append((correlation_id, response_header, response_cls, future))
         try:
             self._writer.write(frame)
             await self._writer.drain()
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
             self.close()
-            raise ConnectionFailed(f"{api.name} timed out after {timeout_s:.1f}s") from None
+            raise ConnectionFailed(f"{type(request).__name__.removesuffix('Request')} timed out "
+                                   f"after {timeout_s:.1f}s") from None
         except OSError as exc:
+            refused = tls_failure(exc, self.address, self.security)
+            read_task = self._read_task
+            if refused is None and read_task is not None and not read_task.done():
+                # A write can fail first on a connection the server ended with a reason the
+                # read loop is about to see (a TLS alert refusing our certificate): wait for it
+                # briefly, so that a refusal is not taken for a transient failure.
+                await asyncio.wait({read_task}, timeout=0.5)
+            refused = refused or self._refused
             self.close()
+            if refused is not None:
+                raise refused from None
             raise ConnectionFailed(repr(exc)) from None
 
     def close(self) -> None:
@@ -128,6 +269,7 @@ class CoordinatorClient:
         self, bootstrap: Sequence[tuple[str, int]], group_id: str, client_id: str = "connect-worker",
         request_timeout_ms: int = 30_000, backoff_ms: int = 100, max_backoff_ms: int = 1_000,
         connect_timeout_ms: int = 2_000, discovery_timeout_ms: int = 2_000,
+        security: ClientSecurity | None = None,
     ) -> None:
         # max_backoff_ms: was 5,000; a 3 s coordinator restart got a retry scheduled 4.1 s out
         # and the worker's session ran out first (issue 12). 1 s (Kafka's
@@ -147,6 +289,10 @@ class CoordinatorClient:
         # accepts connections but does not answer (frozen, SIGSTOP) held the worker for the
         # whole request timeout (30 s) before it asked the next address (issue 12).
         self.discovery_timeout_s = min(discovery_timeout_ms, request_timeout_ms) / 1000
+        # Security (issue 13): every connection authenticates; the TLS context (CA and client
+        # certificate files) is loaded once, here (SecurityConfigError if it cannot be).
+        self.security = security
+        self.ssl_context = security.ssl_context() if security is not None else None
         self.coordinator: tuple[str, int] | None = None
         self._heartbeat: KrpcConnection | None = None
         self._control: KrpcConnection | None = None
@@ -161,9 +307,9 @@ class CoordinatorClient:
     async def _find_coordinator(self) -> tuple[str, int]:
         last: Exception | None = None
         for host, port in random.sample(self.bootstrap, len(self.bootstrap)):
-            conn = KrpcConnection(host, port, self.client_id)
+            conn = self._new_connection(host, port)
             try:
-                await conn.open(self.connect_timeout_s)
+                await conn.open(self.connect_timeout_s, self.discovery_timeout_s)
                 resp = await conn.request(
                     FindCoordinatorRequest(key_type=0, coordinator_keys=(self.group_id,)),
                     self.discovery_timeout_s)
@@ -173,11 +319,20 @@ class CoordinatorClient:
             finally:
                 conn.close()
             (c,) = resp.coordinators
+            if int(c.error_code) == ErrorCode.GROUP_AUTHORIZATION_FAILED:
+                # Kafka's clients treat this as fatal: no node will say otherwise.
+                raise AuthorizationFailed(
+                    f"GROUP_AUTHORIZATION_FAILED: {host}:{port} refused FindCoordinator for "
+                    f"group {self.group_id}: {c.error_message or 'no message'} (the principal "
+                    "needs DESCRIBE, and to join READ, on the group)", int(c.error_code))
             if int(c.error_code) != 0:
                 last = ProtocolError(int(c.error_code), c.error_message)
                 continue
             return c.host, int(c.port)
         raise ConnectionFailed(f"no coordinator found via {self.bootstrap}: {last}")
+
+    def _new_connection(self, host: str, port: int) -> KrpcConnection:
+        return KrpcConnection(host, port, self.client_id, self.security, self.ssl_context)
 
     async def _connection(self, which: str) -> KrpcConnection:
         async with self._lock:
@@ -186,8 +341,8 @@ class CoordinatorClient:
                 return conn
             if self.coordinator is None:
                 self.coordinator = await self._find_coordinator()
-            conn = KrpcConnection(*self.coordinator, self.client_id)
-            await conn.open(self.connect_timeout_s)
+            conn = self._new_connection(*self.coordinator)
+            await conn.open(self.connect_timeout_s, self.request_timeout_s)
             if which == "heartbeat":
                 self._heartbeat = conn
             else:
@@ -197,7 +352,8 @@ class CoordinatorClient:
     async def send(self, request: Any, which: str = "control", extra_timeout_s: float = 0.0,
                    timeout_s: float | None = None) -> Any:
         """Send on the heartbeat or control connection. Raises ConnectionFailed (the caller
-        retries after :meth:`backoff_s`); an error code in the response is the caller's.
+        retries after :meth:`backoff_s`) or :class:`SecurityError` (a refusal: do not retry);
+        an error code in the response is the caller's.
         ``timeout_s`` (default: the request timeout) plus ``extra_timeout_s`` bounds the wait
         for the answer; a timeout closes the connection and forgets the coordinator."""
         base = self.request_timeout_s if timeout_s is None else min(timeout_s, self.request_timeout_s)

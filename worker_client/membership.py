@@ -308,6 +308,13 @@ class Membership:
             actions.append(Compute(self.member_epoch))
         return actions
 
+    def fail(self, code: int, message: str) -> Fatal:
+        """Give up for a reason no heartbeat answer carried (the coordinator refused this
+        worker's credentials: issue 13): FAILED, as after a fatal error code."""
+        self.state = State.FAILED
+        self.failure = Fatal(code, message)
+        return self.failure
+
     def _on_error(self, code: int, message: str | None, now_ms: int) -> list[Action]:
         text = f"{error_name(code)}: {message or ''}".rstrip(": ")
         if code in FENCED:

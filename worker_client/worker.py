@@ -50,6 +50,7 @@ from typing import Any
 
 import structlog
 
+from connect_wire.client_security import SECURITY_CODES, ClientSecurity, SecurityError
 from connect_wire.errors import ErrorCode, error_name
 from connect_wire.items import Item
 from connect_wire.messages import (
@@ -96,6 +97,12 @@ class WorkerFailed(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class WorkerSecurityFailed(WorkerFailed):
+    """The coordinator refused this worker's credentials or permissions (issue 13): TLS or SASL
+    authentication failed, or GROUP_AUTHORIZATION_FAILED. Retrying cannot fix it: the worker
+    stopped its work and ``run()`` raised this (``connect-worker`` exits with status 4)."""
 
 
 class WorkerFailStopped(WorkerFailed):
@@ -152,6 +159,9 @@ class WorkerConfig:
     assignors: Sequence[str] = ("incremental", "eager")
     request_timeout_ms: int = 30_000
     client_id: str = field(default_factory=lambda: f"connect-worker-{os.getpid()}")
+    security: ClientSecurity | None = None
+    """Kafka's client security (TLS, SASL: :mod:`connect_wire.client_security`); None =
+    PLAINTEXT. Credentials refused end ``run()`` with :class:`WorkerSecurityFailed`."""
     fail_stop: Callable[[str], None] | None = None
     """What to do when an instance cannot be stopped within its budget (the fail-stop rule,
     :mod:`worker_client.failstop`). Default (None): log and end the process at once with exit
@@ -183,7 +193,8 @@ class Worker:
             config.assignors, config.max_delay_ms)
         self.metrics = metrics or WorkerMetrics()
         self.client = CoordinatorClient(config.bootstrap, config.group_id, config.client_id,
-                                        request_timeout_ms=config.request_timeout_ms)
+                                        request_timeout_ms=config.request_timeout_ms,
+                                        security=config.security)
         self.membership = Membership(
             group_id=config.group_id,
             assignors=[AssignorAd(a.name, a.minimum_version, a.maximum_version,
@@ -205,6 +216,7 @@ class Worker:
         self._pending: deque[Revoke | Assign] = deque()
         self._running = False
         self._rebalance_started: float | None = None
+        self._security_failure: SecurityError | None = None
         self.stopped = asyncio.Event()
         # Fail-stop: per-stop deadlines (token -> (deadline ms, why)), read by the guard thread.
         self._stop_deadlines: dict[int, tuple[int, str]] = {}
@@ -281,7 +293,9 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._guard.start()
         watchdog = asyncio.create_task(self._watchdog())
-        log.info("joining", group=self.config.group_id, instance=self.config.instance_id)
+        log.info("joining", group=self.config.group_id, instance=self.config.instance_id,
+                 security=(self.config.security.describe() if self.config.security is not None
+                           else "PLAINTEXT"))
         try:
             while not self._stop.is_set():
                 if self._failed_stop is not None:
@@ -293,6 +307,8 @@ class Worker:
                         await self._stop_all(lost=True)
                     except _FailStopped:
                         continue
+                    if self._security_failure is not None or m.failure.code in SECURITY_CODES:
+                        raise WorkerSecurityFailed(m.failure.code, self._security_message(m.failure.message))
                     raise WorkerFailed(m.failure.code, m.failure.message)
                 acting = self._acting
                 if acting is not None and acting.done():
@@ -323,6 +339,9 @@ class Worker:
                     timeout_s=self.heartbeat_answer_budget_s))
                 try:
                     resp = await self._inflight
+                except SecurityError as exc:
+                    self._refused(exc)
+                    continue
                 except (ConnectionFailed, asyncio.CancelledError) as exc:
                     task = asyncio.current_task()
                     if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
@@ -363,6 +382,22 @@ class Worker:
             self.stopped.set()
         if self._failed_stop is not None:
             raise WorkerFailStopped(self._failed_stop)
+
+    def _refused(self, exc: SecurityError) -> None:
+        """The coordinator refused this worker's credentials (TLS, SASL) or permissions: stop
+        all work and end ``run()`` with :class:`WorkerSecurityFailed` (the loop does it on its
+        next turn). Not retried: it would be refused again, forever (issue 13)."""
+        m = self.membership
+        if m.state != State.FAILED:
+            log.error("the coordinator refused this worker's credentials; stopping", error=str(exc))
+            self._security_failure = exc
+            m.fail(exc.code if exc.code is not None else 0, str(exc))
+        self._wake.set()
+
+    def _security_message(self, message: str) -> str:
+        if message.startswith("GROUP_AUTHORIZATION_FAILED") and "needs" not in message:
+            return (f"{message} (the principal needs READ on group {self.config.group_id})")
+        return message
 
     async def _settle_acting(self) -> None:
         """Let a start or stop in progress finish (bounded by the stop deadline)."""
@@ -482,6 +517,9 @@ class Worker:
             try:
                 configs = await self._configs()
                 break
+            except SecurityError as exc:
+                self._refused(exc)
+                return frozenset()
             except ConnectionFailed as exc:
                 log.warning("cannot fetch connector configs", error=str(exc), attempt=attempt)
                 await asyncio.sleep(self.client.backoff_s())
@@ -535,6 +573,9 @@ class Worker:
                 raise RuntimeError("run() returned")
             except asyncio.CancelledError:
                 raise
+            except SecurityError as exc:  # (fetching the config again)
+                self._refused(exc)
+                return
             except Exception as exc:
                 if inst.stopping:
                     return
@@ -754,6 +795,8 @@ class Worker:
                 self._wake.set()
         except ConnectionFailed as exc:
             log.info("assignment computation abandoned", error=str(exc))
+        except SecurityError as exc:
+            self._refused(exc)
 
     # -- shutdown -------------------------------------------------------------------------------
     async def stop(self, static: bool | None = None) -> None:
@@ -808,7 +851,7 @@ class Worker:
             for attempt in range(4):
                 try:
                     resp = await self.client.send(self.membership.leave_request(static=static))
-                except ConnectionFailed:
+                except (ConnectionFailed, SecurityError):
                     resp = None
                 if resp is not None and resp.error_code not in (
                         ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
