@@ -82,20 +82,15 @@ class ClusterNode:
         lease = self.lease
         return lease.remaining() if lease is not None else 0.0
 
-    def live_nodes(self, listener: str | None = None) -> list[tuple[int, str, int]]:
-        """(node id, host, port) of every registered node, by id (Metadata's brokers), at its
-        address for ``listener`` (a node without that listener is left out, as Kafka)."""
+    def live_nodes(self) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every registered node, by id (Metadata's brokers)."""
         view = self.nodes.view if self.nodes is not None else {}
-        out = []
-        for n, info in view.items():
-            address = info.address(listener)
-            if n.isdigit() and address is not None:
-                out.append((int(n), *address))
+        out = [(int(n), info.host, info.port) for n, info in view.items() if n.isdigit()]
         return sorted(out)
 
-    def locate(self, partition: int, listener: str | None = None) -> tuple[int, str, int] | None:
+    def locate(self, partition: int) -> tuple[int, str, int] | None:
         """The node that owns ``partition`` now (FindCoordinator), or None if nobody does (or
-        its address for ``listener`` is not known)."""
+        its address is not known yet)."""
         if self.owners is None or self.nodes is None:
             return None
         if self.lease_remaining() <= self.margin_s:
@@ -108,10 +103,7 @@ class ClusterNode:
         info = self.nodes.view.get(owner)
         if info is None or not owner.isdigit():
             return None
-        address = info.address(listener)
-        if address is None:
-            return None
-        return int(owner), *address
+        return int(owner), info.host, info.port
 
     def controller_id(self) -> int:
         nodes = self.live_nodes()
@@ -192,7 +184,7 @@ class ClusterNode:
         try:
             self.registration = await registry.register(
                 self.client, self.prefix, self.node_id, host, port, self.lease,
-                timeout_s=self.timeout_s, listeners=self.server.advertised_listeners())
+                timeout_s=self.timeout_s)
         except BaseException:
             await self.lease.close()
             self.lease = None
@@ -301,6 +293,11 @@ class ClusterNode:
                 self._spawn(p, self._acquire(p))
             elif mine and not wanted and isinstance(shard, EtcdShard):
                 self._spawn(p, self._handover(shard))
+            elif not mine and not wanted and owner == self.node_id:
+                # Our owner key with nothing loaded behind it: a release that failed (timed
+                # out) during a handover, or an acquire that raced a lost lease. Nobody else
+                # can take the partition while the key lives: delete it (if still ours).
+                self._spawn(p, self._release_stale(p))
         self.server.partition_states()
 
     def _spawn(self, partition: int, coro: Any) -> None:
@@ -329,6 +326,10 @@ class ClusterNode:
             # a key created with our lease is accepted as ours then)
             log.warning("acquiring a partition failed", partition=partition, error=repr(exc))
             return
+        if lease is not self.lease or lease.lost.is_set():  # lost while acquiring
+            with contextlib.suppress(Exception):
+                await store.release()
+            return
         shard = EtcdShard(partition, store, self.server.group_config, self.server.metrics,
                           lease_remaining=self.lease_remaining, margin_s=self.margin_s,
                           on_lost=self._on_lost)
@@ -336,11 +337,30 @@ class ClusterNode:
         self.server.shards[partition] = shard
         self.server.partition_states()
         await shard.load()
+        if lease is not self.lease or lease.lost.is_set():
+            # The lease was lost while loading: _watch_lease dropped every shard before this
+            # one was in place; drop it too (its owner key went with the revoked lease).
+            shard.lose("the node's etcd lease was lost while loading")
         if shard.state == ACTIVE:
             self.server.metrics.partition_moves.labels("acquired").inc()
         elif shard.state == UNOWNED and self.server.shards[partition] is shard:
             self.server.shards[partition] = UnownedShard(partition, self.server.group_config)
         self.server.partition_states()
+
+    async def _release_stale(self, partition: int) -> None:
+        lease = self.lease
+        if lease is None:
+            return
+        try:
+            released = await etcd_store.release_owner_key(
+                self.client, self.prefix, partition, lease.id, timeout_s=self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 (the next round tries again)
+            log.warning("releasing a partition left owned failed; retrying",
+                        partition=partition, error=repr(exc))
+            return
+        if released:
+            log.info("released a partition left owned after a failed handover",
+                     partition=partition, node_id=self.node_id)
 
     async def _handover(self, shard: EtcdShard) -> None:
         partition = shard.partition

@@ -161,8 +161,8 @@ class EtcdShard(Shard):
                         error=repr(exc))
         try:
             released = await self.store.release()
-        except Exception as exc:  # noqa: BLE001 (the lease ends it: the TTL, not at once)
-            log.warning("releasing the partition failed; it frees when the lease ends",
+        except Exception as exc:  # noqa: BLE001 (the node's placement round retries it)
+            log.warning("releasing the partition failed; the node retries the release",
                         partition=self.partition, error=repr(exc))
             return
         log.info("partition released", partition=self.partition, still_owned=released)

@@ -325,22 +325,58 @@ class NodeLease:
             return 0.0
         return self._valid_until - lease_clock()
 
-    async def renew(self) -> bool:
+    async def renew(self, timeout_s: float | None = None) -> bool:
         """One keep-alive round trip; True if etcd renewed the lease."""
         sent = lease_clock()
         stream = self.client.lease.keep_alive(self.id)
         try:
-            async with asyncio.timeout(self.request_timeout_s):
+            async with asyncio.timeout(self.request_timeout_s if timeout_s is None else timeout_s):
                 async for response in stream:
                     if response.TTL <= 0:
                         self._mark_lost("etcd says the lease expired")
                         return False
-                    self._valid_until = sent + response.TTL
+                    # max: hedged renewals may answer out of order.
+                    self._valid_until = max(self._valid_until, sent + response.TTL)
                     self.renewals += 1
                     return True
         finally:
             stream.cancel()
         return False
+
+    async def _renew_hedged(self) -> bool:
+        """A renewal that does not wait on one slow etcd member: the client round-robins over
+        the members, and a member that hangs (frozen, not dead) holds a call until its timeout.
+        Each attempt may take at most half of what is left of the lease; if one has not
+        answered within a sixth of the TTL another is sent (to the next member) alongside it;
+        the first success wins. Found by review: one frozen member of three made every node lose
+        its lease again and again (a renewal waited its whole 2 s timeout, the whole TTL)."""
+        hedge_after = max(0.05, self.ttl_s / 6)
+        attempts: set[asyncio.Task[bool]] = set()
+        try:
+            while not self.lost.is_set():
+                left = self.remaining()
+                if left <= 0:
+                    return False
+                attempts.add(asyncio.create_task(
+                    self.renew(min(self.request_timeout_s, max(0.05, left / 2)))))
+                done, _ = await asyncio.wait(attempts, timeout=hedge_after,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    attempts.discard(task)
+                    if not task.cancelled() and task.exception() is None and task.result():
+                        return True
+                    if task.exception() is not None:
+                        log.warning("etcd lease %x keep-alive failed: %r", self.id, task.exception())
+                if len(attempts) >= 3:  # enough in flight: wait for one of them
+                    done, _ = await asyncio.wait(attempts, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        attempts.discard(task)
+                        if not task.cancelled() and task.exception() is None and task.result():
+                            return True
+            return False
+        finally:
+            for task in attempts:
+                task.cancel()
 
     def _mark_lost(self, why: str) -> None:
         if not self.lost.is_set():
@@ -349,13 +385,13 @@ class NodeLease:
 
     async def _keep_alive(self) -> None:
         interval = max(0.1, self.ttl_s / 3)
-        retry = min(interval, 0.25)  # after a failed renewal: try again soon, not a third TTL on
+        retry = min(interval, 0.1)  # after a failed renewal: try again soon, not a third TTL on
         delay = interval
         while not self.lost.is_set():
             await asyncio.sleep(delay)
             delay = interval
             try:
-                if not await self.renew():
+                if not await self._renew_hedged():
                     delay = retry
             except Exception as exc:  # keep trying while the lease may still be valid
                 log.warning("etcd lease %x keep-alive failed: %r", self.id, exc)
@@ -726,6 +762,20 @@ class EtcdPartitionStore:
         revision = resp.header.revision
         await self.client.kv.compact(revision, physical=physical, timeout=self.commit_timeout_s)
         return revision
+
+
+async def release_owner_key(client: Etcd3Client, prefix: str, partition: int, lease_id: int,
+                            *, timeout_s: float) -> bool:
+    """Delete the partition's owner key if it is on ``lease_id`` (a handover whose release
+    failed, with no store object left to do it); True if it was deleted."""
+    key = owner_key(prefix, partition)
+    resp = await client.kv.get(key, timeout=timeout_s)
+    if not resp.kvs or resp.kvs[0].lease != lease_id:
+        return False
+    deleted = await client.kv.txn(
+        [KVService.txn_compare_create_revision(key, resp.kvs[0].create_revision)],
+        [KVService.txn_op_delete(key)], timeout=timeout_s, max_attempts=1)
+    return bool(deleted.succeeded)
 
 
 def describe_error(exc: BaseException) -> str:
