@@ -82,15 +82,20 @@ class ClusterNode:
         lease = self.lease
         return lease.remaining() if lease is not None else 0.0
 
-    def live_nodes(self) -> list[tuple[int, str, int]]:
-        """(node id, host, port) of every registered node, by id (Metadata's brokers)."""
+    def live_nodes(self, listener: str | None = None) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every registered node, by id (Metadata's brokers), at its
+        address for ``listener`` (a node without that listener is left out, as Kafka)."""
         view = self.nodes.view if self.nodes is not None else {}
-        out = [(int(n), info.host, info.port) for n, info in view.items() if n.isdigit()]
+        out = []
+        for n, info in view.items():
+            address = info.address(listener)
+            if n.isdigit() and address is not None:
+                out.append((int(n), *address))
         return sorted(out)
 
-    def locate(self, partition: int) -> tuple[int, str, int] | None:
+    def locate(self, partition: int, listener: str | None = None) -> tuple[int, str, int] | None:
         """The node that owns ``partition`` now (FindCoordinator), or None if nobody does (or
-        its address is not known yet)."""
+        its address for ``listener`` is not known)."""
         if self.owners is None or self.nodes is None:
             return None
         if self.lease_remaining() <= self.margin_s:
@@ -103,7 +108,10 @@ class ClusterNode:
         info = self.nodes.view.get(owner)
         if info is None or not owner.isdigit():
             return None
-        return int(owner), info.host, info.port
+        address = info.address(listener)
+        if address is None:
+            return None
+        return int(owner), *address
 
     def controller_id(self) -> int:
         nodes = self.live_nodes()
@@ -184,7 +192,7 @@ class ClusterNode:
         try:
             self.registration = await registry.register(
                 self.client, self.prefix, self.node_id, host, port, self.lease,
-                timeout_s=self.timeout_s)
+                timeout_s=self.timeout_s, listeners=self.server.advertised_listeners())
         except BaseException:
             await self.lease.close()
             self.lease = None
