@@ -253,3 +253,78 @@ def test_two_nodes_on_etcd_share_users_and_acls(tmp_path: Path, pool: DaemonPool
     a.stop()
     a = node(1)
     assert set(users(a)) == {"alice"} and acls(a) == [acl]
+
+
+@pytest.mark.skipif(not HAS_AUTHORIZER, reason="the authorizer setting is not there yet")
+def test_users_authenticate_with_scram_and_acls_decide(tmp_path: Path) -> None:
+    """The credentials and ACLs of this state behind the transport's SASL: an administrator
+    added offline authenticates with SCRAM-SHA-512 (kafka-python) and, as a super user, adds a
+    user and ACLs online; that user authenticates with SCRAM-SHA-256 and is refused the
+    cluster's management (CLUSTER_AUTHORIZATION_FAILED) until an ACL allows it."""
+    from kafka.admin import (
+        ACL,
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        KafkaAdminClient,
+        ResourcePattern,
+        ResourcePatternFilter,
+        ResourceType,
+    )
+    from kafka.admin._users import ScramMechanism, UserScramCredentialUpsertion
+    from kafka.errors import ClusterAuthorizationFailedError
+
+    from coordinator.security.state import credential_record as record
+    from coordinator.security.store import append_offline
+    from tests.secure_server import InProcess
+
+    data = tmp_path / "data"
+    append_offline(data, [record("admin", credential_from_password("SCRAM-SHA-512", "adm"))])
+    overrides = {"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "authorizer": "acl",
+                 "super.users": "User:admin"}
+
+    def admin_as(address: tuple[str, int], user: str, password: str,
+                 mechanism: str) -> KafkaAdminClient:
+        return KafkaAdminClient(
+            bootstrap_servers=f"{address[0]}:{address[1]}", security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism=mechanism, sasl_plain_username=user, sasl_plain_password=password,
+            request_timeout_ms=10_000)
+
+    with InProcess(tmp_path, overrides) as d:
+        address = d.address()
+        admin = admin_as(address, "admin", "adm", "SCRAM-SHA-512")
+        try:
+            assert admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+                "bob", ScramMechanism.SCRAM_SHA_256, "bob-pw")]) == {"bob": None}
+            read = ACL("User:bob", "*", ACLOperation.READ, ACLPermissionType.ALLOW,
+                       ResourcePattern(ResourceType.GROUP, "g"))
+            assert admin.create_acls([read])["succeeded"] == [read]
+        finally:
+            admin.close()
+        bob = admin_as(address, "bob", "bob-pw", "SCRAM-SHA-256")
+        try:
+            everything = ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY,
+                                   ResourcePatternFilter(ResourceType.ANY, None,
+                                                         ACLResourcePatternType.ANY))
+            with pytest.raises(ClusterAuthorizationFailedError, match="User:bob"):
+                bob.describe_acls(everything)
+            assert bob.create_acls([read])["failed"] == [ClusterAuthorizationFailedError]
+            d.run(_allow_describe(d))  # an ACL made through the store, as the API makes it
+            described = ACL("User:bob", "*", ACLOperation.DESCRIBE, ACLPermissionType.ALLOW,
+                            ResourcePattern(ResourceType.CLUSTER, "kafka-cluster"))
+            found, _ = bob.describe_acls(everything)
+            assert sorted(found, key=repr) == sorted([read, described], key=repr)
+            # DESCRIBE is not ALTER
+            assert bob.create_acls([read])["failed"] == [ClusterAuthorizationFailedError]
+        finally:
+            bob.close()
+
+
+async def _allow_describe(d: object) -> None:
+    from coordinator.security.model import AclBinding
+
+    service = d.server.security_service  # type: ignore[attr-defined]
+    _, records = service.state.create_acls(
+        [AclBinding.of("CLUSTER", "kafka-cluster", "User:bob", "DESCRIBE")])
+    await service.store.apply(records)
