@@ -310,6 +310,9 @@ def test_users_authenticate_with_scram_and_acls_decide(tmp_path: Path) -> None:
             with pytest.raises(ClusterAuthorizationFailedError, match="User:bob"):
                 bob.describe_acls(everything)
             assert bob.create_acls([read])["failed"] == [ClusterAuthorizationFailedError]
+            for api in ("DescribeAcls", "CreateAcls"):  # counted
+                assert d.metric("connect_coordinator_authorization_denied_total", api=api,
+                                resource_type="CLUSTER") == 1
             d.run(_allow_describe(d))  # an ACL made through the store, as the API makes it
             described = ACL("User:bob", "*", ACLOperation.DESCRIBE, ACLPermissionType.ALLOW,
                             ResourcePattern(ResourceType.CLUSTER, "kafka-cluster"))
