@@ -52,7 +52,9 @@ MAX_FRAME = 64 * 1024
 SUPPORTED = sorted((a.key, v) for a in APIS.values() for v in range(a.min_version, a.max_version + 1))
 _KAFKA_APIS = {int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_GROUPS,
                                 ApiKey.LIST_GROUPS, ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE,
-                                ApiKey.SASL_AUTHENTICATE)}
+                                ApiKey.SASL_AUTHENTICATE, ApiKey.DESCRIBE_ACLS, ApiKey.CREATE_ACLS,
+                                ApiKey.DELETE_ACLS, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
+                                ApiKey.ALTER_USER_SCRAM_CREDENTIALS)}
 _CLOSES_ON_BAD_BODY = _KAFKA_APIS | {int(ApiKey.CONNECT_GROUP_DESCRIBE)}
 
 
