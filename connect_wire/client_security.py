@@ -604,6 +604,46 @@ def reauth_delay_s(lifetime_ms: int, rng: random.Random | None = None) -> float:
     return lifetime_ms * (0.85 + 0.10 * r) / 1000
 
 
+class _RawName:
+    """A SCRAM user name as Kafka's clients send it: escaped (``=`` -> ``=3D``, ``,`` ->
+    ``=2C``), not SASLprepped."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def escape(self) -> str:
+        return self.name.replace("=", "=3D").replace(",", "=2C")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class _RawPassword:
+    """A password as Kafka's clients and the coordinator salt it: its UTF-8 bytes, not
+    SASLprepped (scramp would apply SASLprep, which changes e.g. compatibility characters)."""
+
+    def __init__(self, password: str) -> None:
+        self.password = password
+
+    def __bytes__(self) -> bytes:
+        return self.password.encode()
+
+
+def _kafka_scram_client(mechanism: str, username: str, password: str) -> Any:
+    """scramp's ``ScramClient`` with Kafka's treatment of the user name and password (no
+    SASLprep). Relies on the client keeping them as ``username`` (``escape()``) and
+    ``password`` (``bytes()``), as scramp 1.5 does; another layout falls back to scramp's own."""
+    from scramp import ScramClient
+
+    client = ScramClient([mechanism], "user", "password")
+    if hasattr(getattr(client, "username", None), "escape") and \
+            hasattr(getattr(client, "password", None), "__bytes__"):
+        client.username = _RawName(username)
+        client.password = _RawPassword(password)
+        return client
+    return ScramClient([mechanism], username, password)  # pragma: no cover - other scramp
+
+
 class _Mechanism:
     """PLAIN or SCRAM as a client: ``first()`` then ``respond(server bytes)`` until None."""
 
@@ -616,9 +656,7 @@ class _Mechanism:
     def first(self) -> bytes:
         if self.mechanism == "PLAIN":
             return b"\0" + self.username.encode() + b"\0" + self.password.encode()
-        from scramp import ScramClient
-
-        self._scram = ScramClient([self.mechanism], self.username, self.password)
+        self._scram = _kafka_scram_client(self.mechanism, self.username, self.password)
         return self._scram.get_client_first().encode()
 
     def respond(self, challenge: bytes, address: str) -> bytes | None:

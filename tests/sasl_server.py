@@ -4,7 +4,8 @@ besides) the daemon's own listener.
 
 * ApiVersions (lists SaslHandshake v0-1 and SaslAuthenticate v0-``authenticate_max``), then on
   a SASL node SaslHandshake (UNSUPPORTED_SASL_MECHANISM for a mechanism it does not enable) and
-  SaslAuthenticate: PLAIN, SCRAM-SHA-256 and -512 with salted credentials (scramp's server;
+  SaslAuthenticate: PLAIN, SCRAM-SHA-256 and -512 with salted credentials made as Kafka makes
+  them (the password's UTF-8 bytes, no SASLprep; scramp's server checks the proofs;
   SASL_AUTHENTICATION_FAILED with Kafka's message for a bad password, after
   ``failure_delay_s``). Before authentication any other request closes the connection, as
   Kafka's SaslServerAuthenticator.
@@ -20,6 +21,9 @@ besides) the daemon's own listener.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import socket
 import socketserver
 import ssl
@@ -42,6 +46,17 @@ from coordinator.server.kafka_apis import build
 SASL_NAMES = {17: "SaslHandshake", 36: "SaslAuthenticate"}
 KAFKA_SCRAM_FAILED = ("Authentication failed during authentication due to invalid credentials "
                       "with SASL mechanism {}")
+
+
+def kafka_auth_info(mechanism: str, password: str, iterations: int = 4096) -> tuple[bytes, bytes, bytes, int]:
+    """(salt, StoredKey, ServerKey, iterations) as Kafka's broker makes them: the password's
+    UTF-8 bytes, no SASLprep (scramp's make_auth_info applies it)."""
+    name = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
+    salt = os.urandom(32)
+    salted = hashlib.pbkdf2_hmac(name, password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", name).digest()
+    return (salt, hashlib.new(name, client_key).digest(),
+            hmac.new(salted, b"Server Key", name).digest(), iterations)
 
 
 def request_class(key: int, version: int) -> type:
@@ -102,7 +117,7 @@ class SaslNode(socketserver.ThreadingTCPServer):
         self._credentials: dict[tuple[str, str], tuple[bytes, bytes, bytes, int]] = {}
         for user, password in self.users.items():
             for m in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
-                self._credentials[(user, m)] = ScramMechanism(m).make_auth_info(password, 4096)
+                self._credentials[(user, m)] = kafka_auth_info(m, password)
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()
 
@@ -224,7 +239,7 @@ class SaslNode(socketserver.ThreadingTCPServer):
                 conn.user = username
                 found = creds.get((username, mech))
                 if found is None:  # an unknown user: a made-up credential, so it fails late
-                    return ScramMechanism(mech).make_auth_info("\0unknown", 4096)
+                    return kafka_auth_info(mech, "\0unknown")
                 return found
 
             conn.scram = ScramMechanism(mech).make_server(auth_fn)

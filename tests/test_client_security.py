@@ -6,7 +6,7 @@ line; an admin command prints one line and exits 1).
 Against :class:`tests.sasl_server.SaslNode`: a KRPC node on a real socket, with real TLS from a
 test CA (tests/tls_fixture.py), speaking SaslHandshake / SaslAuthenticate with scramp's server
 the way a Kafka broker does. The daemon's own listener is tested end to end in
-tests/test_security_clients_e2e.py.
+tests/test_security_worker_e2e.py.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from tests.tls_fixture import TlsFiles, make_ca, tls_ca  # noqa: F401 - the fixt
 from worker_client.client import ConnectionFailed, CoordinatorClient, KrpcConnection
 from worker_client.worker import Worker, WorkerConfig, WorkerSecurityFailed
 
-USERS = {"alice": "alice-secret", "bob": "bob secret with spaces"}
+USERS = {"alice": "alice-secret", "bob": "bob secret with spaces",
+         "carol,=": "\ufb01\u00b2 p\u00e4ss"}  # (a name SCRAM escapes; a password SASLprep changes)
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 FIND = FindCoordinatorRequest(key_type=0, coordinator_keys=("g",))
 LIST = ListGroupsRequest(states_filter=(), types_filter=())
@@ -182,6 +183,18 @@ async def test_worker_connection_authenticates(nodes: list[SaslNode], tls_ca: Tl
     assert n.stats.log == [(1, "ApiVersions", 3, anonymous), (1, "SaslHandshake", 1, anonymous),
                            *[(1, "SaslAuthenticate", 2, anonymous)] * steps,
                            (1, "FindCoordinator", 4, "User:bob")]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+async def test_names_and_passwords_as_kafka_takes_them(nodes: list[SaslNode], mechanism: str) -> None:
+    """No SASLprep (Kafka's clients and broker use the password's UTF-8 bytes; SASLprep would
+    turn the ligature and the superscript into "fi2"), SCRAM's escaping of ',' and '='."""
+    n = node(nodes)
+    conn = KrpcConnection("127.0.0.1", n.port, "t", sasl(mechanism, "carol,="))
+    await conn.open(5)
+    await conn.request(FIND, 5)
+    conn.close()
+    assert n.stats.log[-1][3] == "User:carol,="
 
 
 @pytest.mark.parametrize("offered, used", [(2, 2), (1, 1), (0, 0)])
