@@ -45,9 +45,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "CONNECT_COORDINATOR_"
 BANNER = re.compile(
-    r"connect-coordinator listening on (?P<host>[^\s:]+):(?P<port>\d+) "
+    r"connect-coordinator listening on (?P<listeners>(?:[A-Za-z0-9_]+://)?(?P<host>[^\s:,]+)"
+    r":(?P<port>\d+)(?:, [^(]+?)?) "
     r"\(metrics (?P<metrics>\S+), data (?P<data>.+), (?P<partitions>\d+) partitions\)"
 )
+LISTENER = re.compile(r"(?:(?P<name>[A-Za-z0-9_]+)://)?(?P<host>[^\s:]+):(?P<port>\d+)")
+
+
+def parse_listeners(text: str) -> dict[str, tuple[str, int]]:
+    """The banner's listeners: ``HOST:PORT`` (PLAINTEXT) or ``NAME://HOST:PORT``, comma-separated
+    (issue 13), in order."""
+    out: dict[str, tuple[str, int]] = {}
+    for part in text.split(", "):
+        m = LISTENER.fullmatch(part.strip())
+        if m is None:
+            raise DaemonFailed(f"unexpected listener {part!r} in the banner")
+        out[m["name"] or "PLAINTEXT"] = (m["host"], int(m["port"]))
+    return out
 # Short enough that session expiry is seen in a test; the heartbeat interval must stay below
 # the session timeout (the daemon checks).
 SHORT_TIMEOUTS = {
@@ -74,6 +88,12 @@ class Daemon:
     stderr_path: Path
     banner: str
     exit_code: int | None = field(default=None)
+    listeners: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Every listener of the banner by name (``host``/``port``: the first one)."""
+
+    def address(self, listener: str) -> str:
+        host, port = self.listeners[listener]
+        return f"{host}:{port}"
 
     @property
     def bootstrap(self) -> str:
@@ -154,10 +174,13 @@ def start(
                 proc.wait()
                 raise DaemonFailed(f"unexpected first stdout line: {line!r}")
             metrics = m["metrics"]
-            return Daemon(proc=proc, host=m["host"], port=int(m["port"]),
+            listeners = parse_listeners(m["listeners"])
+            host, port = next(iter(listeners.values()))
+            return Daemon(proc=proc, host=host, port=port,
                           metrics_url=None if metrics == "off" else metrics,
                           partitions=int(m["partitions"]), data_dir=data_dir,
-                          stdout_path=stdout_path, stderr_path=stderr_path, banner=line.strip())
+                          stdout_path=stdout_path, stderr_path=stderr_path, banner=line.strip(),
+                          listeners=listeners)
         if proc.poll() is not None:
             raise DaemonFailed(f"daemon exited with {proc.returncode} before its banner:\n"
                                + stderr_path.read_text(errors="replace")[-4000:])

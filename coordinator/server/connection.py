@@ -125,6 +125,7 @@ AUTHENTICATE = 1  # after SaslHandshake: SaslAuthenticate only
 BUSY = 2  # a mechanism step runs in a thread (reading stopped)
 AUTHENTICATED = 3
 FAILED = 4  # the failure's answer is waiting for the delay; then the connection is closed
+LINGER_S = 1.0  # a connection whose authentication failed is closed by then at the latest
 _SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
 _SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
@@ -184,6 +185,7 @@ class Connection(asyncio.Protocol):
         self.principal = ANONYMOUS
         self._sasl: _Sasl | None = None
         self._closing = False  # close once the pending answers are written (auth failure)
+        self._lingering = False  # ... written: input is discarded until the peer or a timer closes
         self.decoder = FrameDecoder(server.max_frame_bytes)
         self.pending: deque[_Slot] = deque()
         self.transport: asyncio.Transport | None = None
@@ -248,6 +250,8 @@ class Connection(asyncio.Protocol):
         self._go(WRITE)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         decoder = self.decoder
         try:
             frames = decoder.feed(data)
@@ -355,6 +359,8 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
+        if self._lingering:
+            return None
         # Close once we answered what we got. Returning None closed the transport at once,
         # dropping the responses to requests still in flight (a client that half-closes after
         # sending got nothing); keep the write side open until they are written (_flush).
@@ -574,12 +580,29 @@ class Connection(asyncio.Protocol):
             self._go(INFLIGHT)
         if heavy_done and not self._heavy and self._pause & HEAVY:
             self._go(HEAVY)
-        if (self._eof and not pending and not self._backlog) or (self._closing and not pending):
+        if self._eof and not pending and not self._backlog:
             self.close()
+        elif self._closing and not pending and not self._lingering:
+            self._linger()
 
     @property
     def idle_for(self) -> float:
         return time.monotonic() - self.last_request if not (self.pending or self._backlog) else 0.0
+
+    def _linger(self) -> None:
+        """The last answer (an authentication failure) is written: close when the peer does, or
+        after LINGER_S, reading and discarding meanwhile. Closing at once sent our FIN with the
+        answer, and kafka-python 3.0.12 drops data that arrives with the end of stream (it saw
+        "socket disconnected", never SASL_AUTHENTICATION_FAILED, and retried for ever);
+        unread input at close would also turn the FIN into a reset that can discard the answer."""
+        self._lingering = True
+        self._backlog.clear()
+        self.server.held_bytes -= self._queued + self._partial
+        self._queued = self._partial = 0
+        self._pause = 0
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+            asyncio.get_running_loop().call_later(LINGER_S, self.close)
 
     # -- SASL (Kafka's SaslServerAuthenticator; see the module docstring) --------------------------
     def _sasl_gate(self, sasl: _Sasl, api_key: int, version: int, correlation_id: int,
