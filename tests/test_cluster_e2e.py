@@ -326,11 +326,16 @@ def test_sigterm_rolling_restart_of_every_node_moves_no_task(cluster: Cluster) -
     c.assert_rode_through(since)
 
 
-def test_a_frozen_node_answers_nothing_for_the_partitions_it_lost(cluster: Cluster) -> None:
+@pytest.mark.parametrize("defaults", [False, True], ids=["short-timeouts", "defaults"])
+def test_a_frozen_node_answers_nothing_for_the_partitions_it_lost(cluster: Cluster,
+                                                                  defaults: bool) -> None:
     """SIGSTOP the owner past its lease: another node takes the group over; woken with SIGCONT,
     the old owner answers nothing from its old state for that group (NOT_COORDINATOR, or it
-    names the new owner) -- and nothing ran twice meanwhile."""
+    names the new owner) -- and nothing ran twice, nothing stopped meanwhile: the workers give
+    up the silent node's connection and find the new owner (also with every default)."""
     c = cluster
+    if defaults:
+        c.env = DEFAULTS_ENV
     since = busy_group(c)
     owner = c.coordinator_of(GROUP)
     assert owner is not None

@@ -87,6 +87,7 @@ class KrpcConnection:
         self._refused: SecurityError | None = None
         self.session: Session | None = None
         self.reauthentications = 0
+        self._auth_timeout_s = 0.0
         self.closed = True
 
     @property
@@ -98,6 +99,7 @@ class KrpcConnection:
         ``auth_timeout_s`` (default ``timeout_s``). Raises ConnectionFailed, or
         :class:`SecurityError` when the server refuses this client."""
         tls = self.ssl_context
+        self._auth_timeout_s = auth_timeout_s or timeout_s
         try:
             self._reader, self._writer = await asyncio.wait_for(
                 asyncio.open_connection(self.host, self.port, ssl=tls,
@@ -115,7 +117,7 @@ class KrpcConnection:
             return
         try:
             self.session = await self._drive(open_exchange(self.security, self.address),
-                                             auth_timeout_s or timeout_s)
+                                             self._auth_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -154,7 +156,9 @@ class KrpcConnection:
                 await asyncio.wait({self._pending[-1][3]}, timeout=drain_until - time.monotonic())
             if self.closed:
                 return
-            timeout = max(1.0, end - time.monotonic())
+            # Behind a parked heartbeat the answer may come only after that one's (up to its
+            # MaxWaitMs): the server took the handshake in time; give it the request timeout.
+            timeout = max(self._auth_timeout_s, end - time.monotonic())
             self.session = await self._drive(reauth_exchange(self.security, self.session, self.address),
                                              timeout)
             self.reauthentications += 1
@@ -305,31 +309,44 @@ class CoordinatorClient:
         return random.uniform(self.backoff_ms / 2, max(self.backoff_ms, ceiling)) / 1000
 
     async def _find_coordinator(self) -> tuple[str, int]:
+        """Ask every bootstrap address at once; the first that names the coordinator wins.
+        Asked one after another, a node that accepts connections but does not answer (frozen)
+        or drops packets cost its whole timeout before the next one was asked, and with the
+        defaults that was enough to end a worker's lease (found by the simulator, issue 12)."""
+        tasks = [asyncio.create_task(self._ask_coordinator(host, port))
+                 for host, port in random.sample(self.bootstrap, len(self.bootstrap))]
         last: Exception | None = None
-        for host, port in random.sample(self.bootstrap, len(self.bootstrap)):
-            conn = self._new_connection(host, port)
-            try:
-                await conn.open(self.connect_timeout_s, self.discovery_timeout_s)
-                resp = await conn.request(
-                    FindCoordinatorRequest(key_type=0, coordinator_keys=(self.group_id,)),
-                    self.discovery_timeout_s)
-            except ConnectionFailed as exc:
-                last = exc
-                continue
-            finally:
-                conn.close()
-            (c,) = resp.coordinators
-            if int(c.error_code) == ErrorCode.GROUP_AUTHORIZATION_FAILED:
-                # Kafka's clients treat this as fatal: no node will say otherwise.
-                raise AuthorizationFailed(
-                    f"GROUP_AUTHORIZATION_FAILED: {host}:{port} refused FindCoordinator for "
-                    f"group {self.group_id}: {c.error_message or 'no message'} (the principal "
-                    "needs DESCRIBE, and to join READ, on the group)", int(c.error_code))
-            if int(c.error_code) != 0:
-                last = ProtocolError(int(c.error_code), c.error_message)
-                continue
-            return c.host, int(c.port)
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    return await next_done
+                except (ConnectionFailed, ProtocolError) as exc:
+                    last = exc
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         raise ConnectionFailed(f"no coordinator found via {self.bootstrap}: {last}")
+
+    async def _ask_coordinator(self, host: str, port: int) -> tuple[str, int]:
+        conn = self._new_connection(host, port)
+        try:
+            await conn.open(self.connect_timeout_s, self.discovery_timeout_s)
+            resp = await conn.request(
+                FindCoordinatorRequest(key_type=0, coordinator_keys=(self.group_id,)),
+                self.discovery_timeout_s)
+        finally:
+            conn.close()
+        (c,) = resp.coordinators
+        if int(c.error_code) == ErrorCode.GROUP_AUTHORIZATION_FAILED:
+            # Kafka's clients treat this as fatal: no node will say otherwise.
+            raise AuthorizationFailed(
+                f"GROUP_AUTHORIZATION_FAILED: {host}:{port} refused FindCoordinator for "
+                f"group {self.group_id}: {c.error_message or 'no message'} (the principal "
+                "needs DESCRIBE, and to join READ, on the group)", int(c.error_code))
+        if int(c.error_code) != 0:
+            raise ProtocolError(int(c.error_code), c.error_message)
+        return c.host, int(c.port)
 
     def _new_connection(self, host: str, port: int) -> KrpcConnection:
         return KrpcConnection(host, port, self.client_id, self.security, self.ssl_context)
