@@ -19,9 +19,26 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 ENV_PREFIX = "CONNECT_COORDINATOR_"
 BANNER = re.compile(
-    r"connect-coordinator listening on (?P<host>[^\s:]+):(?P<port>\d+) "
+    r"connect-coordinator listening on (?P<listeners>(?:[A-Za-z0-9_]+://)?(?P<host>[^\s:,]+)"
+    r":(?P<port>\d+)(?:, [^(]+?)?) "
     r"\(metrics (?P<metrics>\S+), data (?P<data>.+), (?P<partitions>\d+) partitions\)"
 )
+"""The daemon's banner; ``host``/``port``: its first listener, ``listeners``: every one
+(``HOST:PORT`` or ``NAME://HOST:PORT``, comma-separated; :func:`listeners`)."""
+
+
+def listeners(process: Process) -> dict[str, tuple[str, int]]:
+    """Every listener of a daemon's banner by name (``PLAINTEXT`` for a bare HOST:PORT)."""
+    line = process.stdout_path.read_text(errors="replace").split("\n", 1)[0]
+    m = BANNER.search(line)
+    if m is None:
+        raise BenchError(f"not a banner: {line!r}")
+    out = {}
+    for part in m["listeners"].split(", "):
+        name, sep, where = part.rpartition("://")
+        host, _, port = where.rpartition(":")
+        out[name if sep else "PLAINTEXT"] = (host, int(port))
+    return out
 LISTENING = re.compile(r"listening on (?P<host>[^\s:]+):(?P<port>\d+)")
 
 

@@ -5,6 +5,8 @@ SPEC: host, port, group, members ([member_id, epoch] pairs), connections, depth,
 duration_s, check (decode a sample of responses and count errors: on for the coordinator).
 Several servers/groups at once: ``targets``, a list of {host, port, group, members,
 connections}, instead of the first five (``bench/cluster.py``: each group at its node).
+``tls`` ({"cafile": PATH}) and ``sasl`` ({"mechanism", "user", "password"}): connect with TLS
+and/or authenticate each connection with SCRAM first (``bench/_security_load.py``; issue 13).
 ``announce``: print ``measuring`` when the measured window opens and ``measured`` when it
 closes (a caller samples the servers' CPU time then). The result includes the generator's own
 CPU seconds in the window (``cpu_seconds``).
@@ -124,6 +126,18 @@ def frames_for(group: str, members: list[tuple[str, int]]) -> list[bytes]:
     return out
 
 
+async def _secured(host: str, port: int, spec: dict[str, Any], client: Client) -> Client:
+    """A TLS and/or SASL connection: authenticated with streams, then handed to ``client``."""
+    from bench._security_load import open_authenticated, tls_context
+    _, writer = await open_authenticated(host, port, tls_context(spec.get("tls")),
+                                         spec.get("sasl"))
+    client.writer = writer  # type: ignore[attr-defined]  # (a StreamWriter collected closes it)
+    transport = writer.transport
+    transport.set_protocol(client)
+    client.connection_made(transport)
+    return client
+
+
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     targets = spec.get("targets") or [{k: spec[k] for k in
@@ -139,9 +153,13 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 continue
             frames = frames_for(target["group"], mine)  # type: ignore[arg-type]
             depth = max(1, min(spec["depth"], len(frames)))
-            _, proto = await loop.create_connection(
-                lambda f=frames, d=depth: Client(f, d, stats, spec["check"]),
-                target["host"], target["port"])
+            if spec.get("tls") or spec.get("sasl"):
+                proto = await _secured(target["host"], target["port"], spec,
+                                       Client(frames, depth, stats, spec["check"]))
+            else:
+                _, proto = await loop.create_connection(
+                    lambda f=frames, d=depth: Client(f, d, stats, spec["check"]),
+                    target["host"], target["port"])
             clients.append(proto)
     await asyncio.sleep(spec["warmup_s"])
     if spec.get("announce"):
