@@ -13,8 +13,9 @@ SaslAuthenticate requests; nothing here knows about the wire.
   the answer does not tell which names exist (Kafka fails an unknown user at the first message).
 * **PLAIN** (RFC 4616): ``authzid NUL authcid NUL password`` in one token. The password is
   checked against the user's stored SCRAM credential (SCRAM-SHA-256 if the user has one, else
-  SCRAM-SHA-512): the salted password is derived with the stored salt and iterations and its
-  stored key compared in constant time, so no password is kept anywhere. That derivation is the
+  SCRAM-SHA-512): the salted password is derived with the stored salt and iterations (the
+  password's UTF-8 bytes, no SASLprep, as Kafka) and its stored key compared in constant time,
+  so no password is kept anywhere. That derivation is the
   costly part (PBKDF2, >= 4096 iterations): ``blocking`` tells the transport to run it off the
   event loop. An authorization id other than empty or the user name is refused (as Kafka).
 
@@ -29,9 +30,9 @@ import os
 from collections.abc import Callable
 
 from scramp import ScramException, ScramMechanism
-from scramp.utils import saslprep
 
 from coordinator.security import SCRAM_MECHANISMS, ScramCredential
+from coordinator.security.scram import salted_password
 
 PLAIN = "PLAIN"
 MECHANISMS = (PLAIN, *SCRAM_MECHANISMS)
@@ -72,10 +73,14 @@ class ScramServer(MechanismServer):
         self.mechanism = mechanism
         self._lookup = lookup
         self._known = False
+        self._sent_user: str | None = None
         self._server = ScramMechanism(mechanism).make_server(self._auth)
         self._stage = 0
 
     def _auth(self, user: str) -> tuple[bytes, bytes, bytes, int]:
+        # scramp hands over the name SASLprep'ed; Kafka looks the name up as sent (unescaped
+        # only), and so do we: a name SASLprep would change is still found.
+        user = self._sent_user if self._sent_user is not None else user
         credential = self._lookup(user, self.mechanism)
         self._known = credential is not None
         c = credential if credential is not None else _fake(user, self.mechanism)
@@ -95,6 +100,7 @@ class ScramServer(MechanismServer):
         try:
             if stage == 0:
                 self._stage = 1
+                self._sent_user = _sent_user(text)
                 self._server.set_client_first(text)
                 self._check_authzid(text)
                 return self._server.get_server_first().encode()
@@ -122,6 +128,14 @@ class ScramServer(MechanismServer):
         if authzid and authzid != self.user:
             raise SaslFailure("Authentication failed: Client requested an authorization id that "
                               "is different from username")
+
+
+def _sent_user(client_first: str) -> str | None:
+    """The user name of a client-first message as sent, unescaped (=2C, =3D), or None."""
+    parts = client_first.split(",", 3)
+    if len(parts) < 3 or not parts[2].startswith("n="):
+        return None
+    return parts[2][2:].replace("=2C", ",").replace("=3D", "=")
 
 
 class PlainServer(MechanismServer):
@@ -175,13 +189,11 @@ class PlainServer(MechanismServer):
 
 
 def verify_password(credential: ScramCredential, password: str) -> bool:
-    """Whether ``password`` is the one ``credential`` was made from (constant-time compare)."""
+    """Whether ``password`` is the one ``credential`` was made from (constant-time compare).
+    The password's UTF-8 bytes without SASLprep, as Kafka (coordinator.security.scram)."""
     name = _HASH.get(credential.mechanism, "sha256")
-    try:
-        normalized = saslprep(password)
-    except Exception:  # noqa: BLE001 (scramp refuses prohibited characters)
-        normalized = password
-    salted = hashlib.pbkdf2_hmac(name, normalized.encode(), credential.salt, credential.iterations)
+    salted = salted_password(credential.mechanism, password, credential.salt,
+                             credential.iterations)
     client_key = hmac.new(salted, b"Client Key", name).digest()
     stored_key = hashlib.new(name, client_key).digest()
     return hmac.compare_digest(stored_key, credential.stored_key)
