@@ -1,11 +1,16 @@
 """Prometheus metrics of the daemon (prometheus-client), on their own registry.
 
-KIP-848's coordinator metrics adapted (group count by type, partition count by state, event
-queue size, connect group count by state, rebalance rate/count, partition load time, thread
-idle ratio) plus request count and latency per API and error, parked long-poll heartbeats, log
-append/fsync latency and bytes, corruptions found at load, and members (in all, and per group for
-the groups named in ``metrics.groups`` only: the number of series never grows with the number of
+KIP-848's coordinator metrics adapted (groups by type, partitions by state, event queue size,
+event queue time and processing time, connect groups by state, rebalance rate/count, partition
+load time, thread idle ratio) plus request count and latency per API and error, parked long-poll
+heartbeats, log append/fsync latency and bytes, corruptions found at load, fences and session
+expiries by reason, items held for fenced members, and members (in all, and per group for the
+groups named in ``metrics.groups`` only: the number of series never grows with the number of
 groups clients create).
+
+Names pass ``promtool check metrics`` (tests/test_metrics_promtool.py): no gauge ends in
+``_count`` (a histogram's or summary's suffix); issue 14 renamed the three that did
+(docs/metrics.md, "Renamed").
 
 Label children are bound once and cached (``labels()`` costs ~1.5 µs, a bound child's
 ``observe`` ~1 µs), so the hot path never formats labels. The per-request count and latency,
@@ -26,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from connect_wire.errors import error_name
+from coordinator.group.coordinator import FENCE_REASONS
 
 NS = "connect_coordinator"
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -61,9 +67,9 @@ class GroupCollector(Collector):
             by_state[state] = by_state.get(state, 0) + 1
             if group_id in watched:
                 per_group.add_metric([group_id], count)
-        groups = GaugeMetricFamily(f"{NS}_group_count", "Groups by type", labels=["type"])
+        groups = GaugeMetricFamily(f"{NS}_groups", "Groups by type", labels=["type"])
         groups.add_metric(["connect"], total)
-        states = GaugeMetricFamily(f"{NS}_connect_group_count", "Connect groups by state",
+        states = GaugeMetricFamily(f"{NS}_connect_groups", "Connect groups by state",
                                    labels=["state"])
         for state, count in by_state.items():
             states.add_metric([state], count)
@@ -115,13 +121,74 @@ class RequestCollector(Collector):
         yield latency
 
 
+EVENT_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""Event queue and processing times: most events take microseconds."""
+SESSION_EXPIRY_REASONS = ("no_heartbeat", "static_leave")
+"""Why a session expired: the member went silent, or it left as a static member (MemberEpoch
+-2) and did not come back within its session timeout."""
+
+
+class FastHistogram(Collector):
+    """A histogram kept as plain numbers by the event loop (one ``bisect`` and two additions per
+    observation, no lock) and exposed when scraped, as :class:`RequestCollector` does."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = buckets
+        self.counts = [0] * (len(buckets) + 1)  # per bucket, then +Inf
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+    def collect(self) -> Iterator[Any]:
+        family = HistogramMetricFamily(self.name, self.documentation)
+        cumulative, total = [], 0
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), list(self.counts), strict=True):
+            total += n
+            cumulative.append((bound, total))
+        family.add_metric([], cumulative, self.sum)
+        yield family
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
-        self.partition_count = Gauge(f"{NS}_partition_count", "Partitions by state",
+        # (the attribute keeps its name; the series was connect_coordinator_partition_count)
+        self.partition_count = Gauge(f"{NS}_partitions", "Partitions by state",
                                      ["state"], registry=r)
         self.event_queue_size = Gauge(f"{NS}_event_queue_size", "Events queued per partition",
                                       ["partition"], registry=r)
+        # KIP-848's event-queue-time-ms and event-processing-time-ms, in seconds.
+        self.event_queue_time = FastHistogram(
+            f"{NS}_event_queue_time_seconds",
+            "How long an event (request, timer expiry, long-poll re-check) waited in its "
+            "partition's queue before it was processed", EVENT_BUCKETS)
+        self.event_processing_time = FastHistogram(
+            f"{NS}_event_processing_time_seconds",
+            "How long processing an event took (the group state machine and the log append; "
+            "the commit's fsync is connect_coordinator_log_fsync_seconds)", EVENT_BUCKETS)
+        r.register(self.event_queue_time)
+        r.register(self.event_processing_time)
+        # Group events (issue 14), counted as the shard logs them, once committed.
+        fences = Counter(f"{NS}_member_fences",
+                         "Members the coordinator removed, by reason (session_expired, "
+                         "stale_member_epoch, rebalance_timeout); a member leaving is not one",
+                         ["reason"], registry=r)
+        self.fences = {reason: fences.labels(reason) for reason in FENCE_REASONS}
+        expiries = Counter(f"{NS}_session_expiries",
+                           "Member sessions that expired, by reason (no_heartbeat: the member "
+                           "went silent; static_leave: a static member left with epoch -2 and "
+                           "did not return in time)", ["reason"], registry=r)
+        self.session_expiries = {reason: expiries.labels(reason)
+                                 for reason in SESSION_EXPIRY_REASONS}
+        self.held_items = Gauge(
+            f"{NS}_held_items",
+            "Connectors and tasks held for fenced members: owned by no live member, given to "
+            "nobody until the hold ends", ["partition"], registry=r)
         self.rebalances = Counter(f"{NS}_rebalance", "Group epoch bumps (rebalances)",
                                   registry=r)
         self.partition_load_seconds = Histogram(

@@ -83,6 +83,8 @@ class Harness:
         self.now = 0
         self.timers: dict[TimerKey, int] = {}
         self.wakes: list[set[tuple[str, str]]] = []
+        self.events: list[Any] = []
+        """Every GroupEvent the results carried, in order (what the daemon would log)."""
         self.check_each_step = check
         self.steady_hits = 0
         """Heartbeats the fast path (GroupCoordinator.steady_heartbeat) would have answered."""
@@ -104,6 +106,7 @@ class Harness:
             else:
                 self.timers[op.key] = op.deadline_ms
         self.wakes.append(set(result.wake))
+        self.events.extend(result.events)
         if self.check_each_step:
             self.check()
         return result.response
@@ -156,6 +159,7 @@ class Harness:
             assert [t for t in result.timers if t != timer] == [], (timer, result.timers)
             assert timer in result.timers
             assert not result.wake
+            assert not result.events, result.events  # the steady heartbeat stays silent
         return self.apply(result)
 
     def join(

@@ -784,10 +784,10 @@ def test_metrics_over_http(pool: DaemonPool) -> None:
                    extra_env={"CONNECT_COORDINATOR_METRICS_GROUPS": "g,other"})
     assert d.partitions == 3
     m = scrape(d)
-    assert m[("connect_coordinator_partition_count", frozenset({("state", "active")}))] == 3
-    assert m[("connect_coordinator_partition_count", frozenset({("state", "loading")}))] == 0
-    assert m[("connect_coordinator_partition_count", frozenset({("state", "failed")}))] == 0
-    assert m[("connect_coordinator_group_count", frozenset({("type", "connect")}))] == 0
+    assert m[("connect_coordinator_partitions", frozenset({("state", "active")}))] == 3
+    assert m[("connect_coordinator_partitions", frozenset({("state", "loading")}))] == 0
+    assert m[("connect_coordinator_partitions", frozenset({("state", "failed")}))] == 0
+    assert m[("connect_coordinator_groups", frozenset({("type", "connect")}))] == 0
 
     def hb_count(error: str = "NONE") -> float:
         return metric(d, "connect_coordinator_requests_total", api="ConnectGroupHeartbeat", error=error) or 0
@@ -796,15 +796,15 @@ def test_metrics_over_http(pool: DaemonPool) -> None:
     assert admin.alter({"A": 1}).error_code == 0
     w1 = Worker(d, "W1")
     assert w1.ok().should_compute_assignment is True
-    assert metric(d, "connect_coordinator_connect_group_count", state="Assigning") == 1
+    assert metric(d, "connect_coordinator_connect_groups", state="Assigning") == 1
     w1.compute({"W1": ["A", "A/0"]})
-    assert metric(d, "connect_coordinator_connect_group_count", state="Reconciling") == 1
+    assert metric(d, "connect_coordinator_connect_groups", state="Reconciling") == 1
     w1.ok()
     assert admin.state() == "Stable"
     m = scrape(d)
-    assert m[("connect_coordinator_group_count", frozenset({("type", "connect")}))] == 1
-    assert m[("connect_coordinator_connect_group_count", frozenset({("state", "Stable")}))] == 1
-    assert m[("connect_coordinator_connect_group_count", frozenset({("state", "Assigning")}))] == 0
+    assert m[("connect_coordinator_groups", frozenset({("type", "connect")}))] == 1
+    assert m[("connect_coordinator_connect_groups", frozenset({("state", "Stable")}))] == 1
+    assert m[("connect_coordinator_connect_groups", frozenset({("state", "Assigning")}))] == 0
     assert m[("connect_coordinator_group_members", frozenset({("group", "g")}))] == 1
     assert m[("connect_coordinator_members", frozenset())] == 1
     assert m[("connect_coordinator_rebalance_total", frozenset())] >= 1
@@ -836,8 +836,8 @@ def test_metrics_over_http(pool: DaemonPool) -> None:
     # A second group in another state is counted too.
     assert Admin(d, "other").alter({"X": 0}).error_code == 0
     m = scrape(d)
-    assert m[("connect_coordinator_group_count", frozenset({("type", "connect")}))] == 2
-    assert m[("connect_coordinator_connect_group_count", frozenset({("state", "Empty")}))] == 1
+    assert m[("connect_coordinator_groups", frozenset({("type", "connect")}))] == 2
+    assert m[("connect_coordinator_connect_groups", frozenset({("state", "Empty")}))] == 1
     assert m[("connect_coordinator_group_members", frozenset({("group", "other")}))] == 0
     for c in (admin, w1, w2):
         c.close()

@@ -284,8 +284,8 @@ def test_daemon_metrics_stay_bounded_with_many_groups(pool: DaemonPool) -> None:
             assert c.call(alter_request(f"empty-{n}")).error_code == 0
     after = _scrape_text(d)
     m = _samples(after)
-    assert m[("connect_coordinator_group_count", frozenset({("type", "connect")}))] == 2002
-    assert m[("connect_coordinator_connect_group_count", frozenset({("state", "Empty")}))] == 2000
+    assert m[("connect_coordinator_groups", frozenset({("type", "connect")}))] == 2002
+    assert m[("connect_coordinator_connect_groups", frozenset({("state", "Empty")}))] == 2000
     assert m[("connect_coordinator_members", frozenset())] == 2
     assert m[("connect_coordinator_group_members", frozenset({("group", "watched")}))] == 1
     assert not any(n == "connect_coordinator_group_members" and ("group", "other") in labels

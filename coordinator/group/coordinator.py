@@ -25,6 +25,12 @@ around it only moves bytes, writes records to disk and fires timers.
   rebalance and empty-group expiry deadlines are returned as :class:`TimerOp`; an expiry comes
   back through :meth:`GroupCoordinator.on_timer`. Each handler re-checks its own soft state, so
   a stale or duplicated expiry does nothing.
+* **Events are values too.** What an operator wants to read about a group (a member joined,
+  left or was fenced and why, the group epoch bumped, who computes a target with which
+  assignor and how long it took, an install, a hold starting or ending, a rebalance completing)
+  is returned as :class:`GroupEvent` values in the :class:`Result`, next to the records that
+  make it true; the runtime logs them once those records are durable (docs/daemon.md "Group
+  events"). A steady heartbeat returns none.
 * **O(1) steady heartbeat.** A heartbeat from a stable member writes nothing and touches only
   that member: group state is maintained incrementally (``Group.unreconciled``), the assignor
   selection is cached per group epoch.
@@ -35,9 +41,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from connect_wire.errors import ErrorCode
+from connect_wire.errors import ErrorCode, error_name
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
     ConnectGroupAlterConnectorsResponse,
@@ -124,6 +130,24 @@ class RequestContext:
     """The name of the listener the request came in on ("" outside the server)."""
 
 
+class GroupEvent(NamedTuple):
+    """One fact about a group for the operator's log: ``event`` is its name (``member joined``,
+    ``member fenced``, ``group epoch bumped``, ... docs/daemon.md "Group events"), ``fields`` its
+    structured context (member id, instance id, epochs, reason, durations in ms). The runtime
+    logs it at info once the records of the same :class:`Result` are durable."""
+
+    event: str
+    group: str
+    fields: dict[str, Any]
+
+
+FENCE_REASONS = ("session_expired", "stale_member_epoch", "rebalance_timeout")
+"""``member fenced`` events' ``reason`` (and the fence counter's label): the coordinator removed
+the member. A member that leaves itself is ``member left``."""
+NAMES_LOGGED = 20
+"""At most this many item names in one event (``names``); ``items`` counts them all."""
+
+
 @dataclass
 class Result:
     response: Any = None
@@ -131,6 +155,8 @@ class Result:
     timers: list[TimerOp] = field(default_factory=list)
     wake: set[tuple[str, str]] = field(default_factory=set)
     undo: list[rec.Record] = field(default_factory=list, repr=False)
+    events: list[GroupEvent] = field(default_factory=list)
+    """What happened, for the log: only to be logged once ``records`` are durable."""
 
 
 class _Reject(Exception):
@@ -149,12 +175,16 @@ class _Txn:
         self.undo: list[rec.Record] = []
         self.timers: list[TimerOp] = []
         self.wake: set[tuple[str, str]] = set()
+        self.events: list[GroupEvent] = []
+        self.touched: set[str] = set()
+        """Groups this handler wrote to (a rebalance may have completed in them)."""
 
     def write(self, record: rec.Record) -> None:
         previous = self.state.current_record(record.key)
         self.state.replay(record)
         self.undo.append(previous)
         self.records.append(record)
+        self.touched.add(record.key.group_id)
 
     def timer(self, kind: str, group_id: str, member_id: str, deadline_ms: int | None) -> None:
         self.timers.append(TimerOp((kind, group_id, member_id), deadline_ms))
@@ -164,9 +194,10 @@ class _Txn:
             self.state.replay(record)
         self.records.clear()
         self.undo.clear()
+        self.events.clear()
 
     def result(self, response: Any) -> Result:
-        return Result(response, self.records, self.timers, self.wake, self.undo)
+        return Result(response, self.records, self.timers, self.wake, self.undo, self.events)
 
 
 def _uuid_member_id() -> str:
@@ -322,7 +353,7 @@ class GroupCoordinator:
         if problem:
             return Result(self._hb_error(E.INVALID_REQUEST, problem, req))
         return self._run(lambda txn: self._heartbeat(txn, req, now_ms, ctx),
-                         lambda code, msg: self._hb_error(code, msg, req))
+                         lambda code, msg: self._hb_error(code, msg, req), now_ms)
 
     def steady_heartbeat(
         self,
@@ -394,6 +425,7 @@ class GroupCoordinator:
                 error_code=code, error_message=msg, group_epoch=-1, assignment_epoch=-1,
                 assignor_name="", coordinator_time_ms=now_ms, assignor_state=b"",
             ),
+            now_ms,
         )
 
     def install_assignment(self, req: ConnectGroupInstallAssignmentRequest, now_ms: int) -> Result:
@@ -402,6 +434,7 @@ class GroupCoordinator:
             lambda code, msg: ConnectGroupInstallAssignmentResponse(
                 error_code=code, error_message=msg
             ),
+            now_ms,
         )
 
     def alter_connectors(self, req: ConnectGroupAlterConnectorsRequest, now_ms: int) -> Result:
@@ -410,6 +443,7 @@ class GroupCoordinator:
             lambda code, msg: ConnectGroupAlterConnectorsResponse(
                 error_code=code, error_message=msg, group_epoch=-1
             ),
+            now_ms,
         )
 
     def alter_group_config(
@@ -434,7 +468,7 @@ class GroupCoordinator:
                           else rec.tombstone(GroupConfigurationKey(group_id=group_id)))
             return (0, None)
 
-        return self._run(run, lambda code, msg: (code, msg))
+        return self._run(run, lambda code, msg: (code, msg), now_ms)
 
     def on_timer(self, key: TimerKey, now_ms: int) -> Result:
         """A timer set earlier expired at ``now_ms``."""
@@ -459,7 +493,7 @@ class GroupCoordinator:
             if group_id in self.state.groups:
                 self._after(txn, g, now_ms)
 
-        return self._run(run, lambda code, msg: None)
+        return self._run(run, lambda code, msg: None, now_ms)
 
     def on_loaded(self, now_ms: int) -> Result:
         """After a load: fresh session timeouts, re-armed timers, computations restarted."""
@@ -482,6 +516,8 @@ class GroupCoordinator:
                     self._arm_hold(txn, g, mid, now_ms + max(cur.previous_epoch, 0))
             if g.scheduled_rebalance_at_ms >= 0 and g.epoch == g.assignment_epoch:
                 txn.timer(SCHEDULED, g.group_id, "", g.scheduled_rebalance_at_ms)
+            if soft.rebalance_started is None and g.members and g.state != GroupState.STABLE:
+                soft.rebalance_started = (now_ms, g.epoch)  # (its duration counts from the load)
             self._after(txn, g, now_ms)
         return txn.result(None)
 
@@ -503,19 +539,61 @@ class GroupCoordinator:
         return self._assignment(g, g.current[member_id])
 
     # == plumbing =================================================================================
-    def _run(self, body: Callable[[_Txn], Any], error: Callable[[int, str], Any]) -> Result:
+    def _run(self, body: Callable[[_Txn], Any], error: Callable[[int, str], Any],
+             now_ms: int) -> Result:
         txn = _Txn(self.state)
         try:
             response = body(txn)
         except _Reject as r:
-            return txn.result(error(r.code, r.message))
+            response = error(r.code, r.message)  # what was written before stays (a fence)
         except (ReplayError, AssertionError, KeyError, ValueError, TypeError) as exc:
             # A bug or a corrupt state must never crash the daemon nor leave half a change.
             txn.rollback()
             if self.strict:
                 raise
             return Result(error(E.UNKNOWN_SERVER_ERROR, f"internal error: {exc!r}"))
+        if txn.touched:
+            self._rebalances_done(txn, now_ms)
         return txn.result(response)
+
+    # == events =====================================================================================
+    def _event(self, txn: _Txn, g: Group, event: str, member_id: str | None = None,
+               **fields: Any) -> None:
+        """Add a :class:`GroupEvent`: the group's epochs, the member's id, instance id and epoch
+        (as they are now; ``fields`` may give them for a member already removed), then
+        ``fields``."""
+        out: dict[str, Any] = {"group_epoch": g.epoch, "assignment_epoch": g.assignment_epoch}
+        if member_id is not None:
+            m = g.members.get(member_id)
+            cur = g.current.get(member_id)
+            out["member_id"] = member_id
+            out["instance_id"] = m.instance_id if m is not None else None
+            out["member_epoch"] = cur.epoch if cur is not None else None
+        out.update(fields)
+        txn.events.append(GroupEvent(event, g.group_id, out))
+
+    @staticmethod
+    def _names(items: Iterable[Item]) -> list[str]:
+        return sorted(str(i) for i in items)[:NAMES_LOGGED]
+
+    def _rebalances_done(self, txn: _Txn, now_ms: int) -> None:
+        """A rebalance runs from the group epoch bump that started it (in a group with members)
+        until the group is Stable again: every member at the assignment epoch, nothing left to
+        revoke or release. Checked only in the groups this handler wrote to."""
+        for group_id in txn.touched:
+            g = self.state.groups.get(group_id)
+            if g is None:
+                continue
+            started = g.soft.rebalance_started
+            if started is None:
+                continue
+            state = g.state
+            if state == GroupState.STABLE:
+                g.soft.rebalance_started = None
+                self._event(txn, g, "rebalance completed", members=len(g.members),
+                            started_group_epoch=started[1], duration_ms=now_ms - started[0])
+            elif state == GroupState.EMPTY:
+                g.soft.rebalance_started = None  # nobody left to rebalance
 
     def _hb_error(self, code: int, message: str, req: ConnectGroupHeartbeatRequest) -> Any:
         _, interval = self._timeouts(req.group_id)
@@ -550,8 +628,15 @@ class GroupCoordinator:
             self._maybe_arm_expiry(txn, g, now_ms)
         return g
 
-    def _bump(self, txn: _Txn, g: Group) -> None:
-        txn.write(rec.group_metadata(g.group_id, g.epoch + 1))
+    def _bump(self, txn: _Txn, g: Group, now_ms: int, reason: str,
+              member_id: str | None = None, **fields: Any) -> None:
+        """Bump the group epoch (a rebalance starts, or goes on) and say why."""
+        previous = g.epoch
+        txn.write(rec.group_metadata(g.group_id, previous + 1))
+        if g.members and g.soft.rebalance_started is None:
+            g.soft.rebalance_started = (now_ms, g.epoch)
+        self._event(txn, g, "group epoch bumped", member_id, reason=reason,
+                    previous_group_epoch=previous, members=len(g.members), **fields)
 
     # == heartbeat ==================================================================================
     def _heartbeat(
@@ -575,7 +660,7 @@ class GroupCoordinator:
             if epoch == -2:
                 return self._static_leave(txn, g, member_id, now_ms)
             self._check_epoch(txn, g, member_id, req, now_ms)
-            self._update_member(txn, g, member_id, req, ctx)
+            self._update_member(txn, g, member_id, req, ctx, now_ms)
             joined = False
 
         owned = self._reported_owned(g, member_id, req)
@@ -670,7 +755,8 @@ class GroupCoordinator:
                 owned = items_from_wire(req.owned_connectors, req.owned_tasks)
                 if owned <= cur.assigned:
                     return
-        self._fence(txn, g, member_id, now_ms, "fenced: stale member epoch", hold=True)
+        self._fence(txn, g, member_id, now_ms, "stale_member_epoch", hold=True,
+                    request_member_epoch=epoch)
         self._after(txn, g, now_ms)
         raise _Reject(
             E.FENCED_MEMBER_EPOCH,
@@ -744,26 +830,38 @@ class GroupCoordinator:
             # current assignment below: what it reports still running of it stays owned by it,
             # as revoking, the rest is released (its own report says it stopped it).
             g.soft.hold_deadline.pop(member_id, None)
+            hold = g.current.get(member_id)
             txn.write(rec.group_member(g.group_id, MemberMetadata(
                 member_id=member_id, instance_id=req.instance_id, worker_url=req.worker_url,
                 client_id=ctx.client_id, client_host=ctx.client_host,
                 rebalance_timeout_ms=req.rebalance_timeout_ms, assignors=assignors,
             )))
+            if hold is not None and is_hold(hold):
+                self._event(txn, g, "hold ended", member_id, reason="member_rejoined",
+                            items=len(hold.owned), still_running=len(hold.owned & owned))
             self._write_current(txn, g, member_id, self._joining_assignment(
                 g, member_id, EMPTY, owned, NEW_MEMBER_ASSIGNMENT), now_ms)
-            self._bump(txn, g)
+            self._event(txn, g, "member joined", member_id,
+                        assignors=[a.name for a in assignors],
+                        rebalance_timeout_ms=req.rebalance_timeout_ms, client_id=ctx.client_id,
+                        client_host=ctx.client_host, reports_running=len(owned))
+            self._bump(txn, g, now_ms, "member_joined", member_id)
             g.soft.empty_since_ms = None
             return g, member_id, True
         assert g is not None
         # A known member rejoins with epoch 0 (KAFKA-19233: always allowed). It keeps its target;
         # what it still holds is what it reports owning (a static member returning from -2
         # takes back everything it held).
-        self._update_member(txn, g, member_id, req, ctx)
+        self._update_member(txn, g, member_id, req, ctx, now_ms)
         cur = g.current[member_id]
         keep = cur.assigned if cur.epoch == -2 else owned & cur.owned
         self._write_current(
             txn, g, member_id, self._joining_assignment(g, member_id, keep, owned, cur), now_ms
         )
+        if cur.epoch != 0 or keep != cur.assigned:
+            # (a repeated join at epoch 0, e.g. a lost answer resent, is not news)
+            self._event(txn, g, "member rejoined", member_id, previous_member_epoch=cur.epoch,
+                        kept=len(keep), reports_running=len(owned))
         return g, member_id, True
 
     @staticmethod
@@ -807,6 +905,10 @@ class GroupCoordinator:
             old_cur.metadata_version, old_cur.metadata_bytes,
         )))
         self._forget_member(txn, g, old_id)
+        self._event(txn, g, "member joined", new_id, replaced_member_id=old_id,
+                    assignors=[a.name for a in assignors],
+                    rebalance_timeout_ms=req.rebalance_timeout_ms, client_id=ctx.client_id,
+                    client_host=ctx.client_host, took_over=len(old_cur.assigned))
         comp = g.soft.computation
         prepared = comp is not None and comp.prepared_epoch is not None
         if comp is not None and comp.member_id == old_id:
@@ -814,12 +916,14 @@ class GroupCoordinator:
         # A computation prepared before this replacement assigns the old member id, whose
         # items the install then drops (it keeps only current members): bump, so a new
         # computation follows it. Also bump when the assignors changed.
-        if prepared or _assignor_signature(old_meta.assignors) != _assignor_signature(assignors):
-            self._bump(txn, g)
+        if _assignor_signature(old_meta.assignors) != _assignor_signature(assignors):
+            self._bump(txn, g, now_ms, "assignors_changed", new_id)
+        elif prepared:
+            self._bump(txn, g, now_ms, "static_member_replaced", new_id)
 
     def _update_member(
         self, txn: _Txn, g: Group, member_id: str, req: ConnectGroupHeartbeatRequest,
-        ctx: RequestContext,
+        ctx: RequestContext, now_ms: int,
     ) -> None:
         m = g.members[member_id]
         assignors = m.assignors
@@ -843,7 +947,7 @@ class GroupCoordinator:
         if updated != m:
             txn.write(rec.group_member(g.group_id, updated))
             if _assignor_signature(assignors) != _assignor_signature(m.assignors):
-                self._bump(txn, g)
+                self._bump(txn, g, now_ms, "assignors_changed", member_id)
 
     def _reconcile(
         self, txn: _Txn, g: Group, member_id: str, owned: frozenset[Item] | None, now_ms: int
@@ -901,7 +1005,7 @@ class GroupCoordinator:
 
     # == leaving and fencing ========================================================================
     def _leave(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> Any:
-        self._fence(txn, g, member_id, now_ms, "left the group")
+        self._fence(txn, g, member_id, now_ms, "left")
         self._after(txn, g, now_ms)
         _, interval = self.config.for_group(g.configs)
         return ConnectGroupHeartbeatResponse(
@@ -918,6 +1022,9 @@ class GroupCoordinator:
                 -2, cur.epoch, MemberState.STABLE, cur.assigned, EMPTY,
                 cur.metadata_version, cur.metadata_bytes,
             ), now_ms)
+            self._event(txn, g, "member left", member_id, static=True,
+                        previous_member_epoch=cur.epoch, kept=len(cur.assigned),
+                        session_deadline_ms=g.soft.session_deadline.get(member_id))
         comp = g.soft.computation
         if comp is not None and comp.member_id == member_id:
             self._cancel_computation(txn, g)
@@ -934,6 +1041,9 @@ class GroupCoordinator:
         replaced by a hold instead (see :meth:`_hold_for`): its items stay owned until then."""
         released = g.current[member_id].owned if member_id in g.current else EMPTY
         if hold_until is not None and released:
+            self._event(txn, g, "hold started", member_id, items=len(released),
+                        names=self._names(released), until_ms=hold_until,
+                        hold_ms=hold_until - now_ms)
             txn.write(rec.current_assignment(g.group_id, member_id, CurrentAssignment(
                 HELD_EPOCH, hold_until - now_ms, MemberState.UNREVOKED_ITEMS, EMPTY, released)))
             self._arm_hold(txn, g, member_id, hold_until)
@@ -979,6 +1089,8 @@ class GroupCoordinator:
         g.soft.hold_deadline.pop(member_id, None)
         txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=g.group_id, member_id=member_id)))
         self._wake_for(txn, g, cur.owned)
+        self._event(txn, g, "hold ended", member_id, reason="expired", items=len(cur.owned),
+                    names=self._names(cur.owned))
 
     def _forget_member(self, txn: _Txn, g: Group, member_id: str) -> None:
         soft = g.soft
@@ -990,17 +1102,27 @@ class GroupCoordinator:
         txn.timer(REBALANCE, g.group_id, member_id, None)
 
     def _fence(self, txn: _Txn, g: Group, member_id: str, now_ms: int, reason: str,
-               hold: bool = False) -> None:
-        """Remove a member (leave, session expiry, revocation timeout, stale epoch): tombstones
-        in Kafka's order, then a group epoch bump. ``hold``: the member did not say it stopped
-        its work (it was fenced, it did not leave): its items are held (:meth:`_hold_for`)."""
+               hold: bool = False, **detail: Any) -> None:
+        """Remove a member (``reason``: ``left``, or one of FENCE_REASONS): tombstones in
+        Kafka's order, then a group epoch bump. ``hold``: the member did not say it stopped
+        its work (it was fenced, it did not leave): its items are held (:meth:`_hold_for`).
+        ``detail``: more fields for the event."""
+        m = g.members[member_id]
+        cur = g.current.get(member_id)
+        who = {"instance_id": m.instance_id, "member_epoch": cur.epoch if cur is not None else None}
+        owned = len(cur.owned) if cur is not None else 0
+        if reason == "left":
+            self._event(txn, g, "member left", member_id, static=False, released=owned)
+        else:
+            self._event(txn, g, "member fenced", member_id, reason=reason, owned=owned, **detail)
         hold_until = self._hold_for(g, member_id, now_ms) if hold else None
         self._remove_records(txn, g, member_id, hold_until, now_ms)
         self._forget_member(txn, g, member_id)
         comp = g.soft.computation
         if comp is not None and comp.member_id == member_id:
             self._cancel_computation(txn, g)
-        self._bump(txn, g)
+        self._bump(txn, g, now_ms, "member_left" if reason == "left" else "member_fenced",
+                   member_id, **who)
         if not g.members:
             g.soft.empty_since_ms = now_ms
 
@@ -1070,9 +1192,11 @@ class GroupCoordinator:
             return
         last = g.soft.last_assigner
         chosen = last if last in candidates else candidates[0]
-        g.soft.computation = Computation(member_id=chosen)
+        g.soft.computation = Computation(member_id=chosen, chosen_at_ms=now_ms)
         g.soft.last_assigner = chosen
         txn.wake.add((g.group_id, chosen))
+        self._event(txn, g, "assigner chosen", chosen, assignor=g.soft.selected_assignor,
+                    eligible=len(eligible), previous_assigner=exclude)
 
     def _notify_assigner(self, txn: _Txn, g: Group, comp: Computation, now_ms: int) -> None:
         """The chosen member is told: its rebalance timeout starts now."""
@@ -1093,6 +1217,11 @@ class GroupCoordinator:
             self._notify_assigner(txn, g, comp, now_ms)
         else:
             txn.timer(COMPUTE, g.group_id, "", comp.deadline_ms)
+        if comp.prepared_epoch != g.epoch:
+            comp.prepared_at_ms = now_ms
+            self._event(txn, g, "assignment computing", comp.member_id, assignor=name,
+                        members=len(g.members), items=len(g.configured),
+                        waited_ms=now_ms - comp.chosen_at_ms)
         comp.prepared_epoch = g.epoch
         comp.prepared_members = frozenset(g.members)
         comp.prepared_items = frozenset(g.configured)
@@ -1187,18 +1316,34 @@ class GroupCoordinator:
         # Install, even if the group moved on: restricted to today's members and items.
         delay = req.scheduled_rebalance_delay_ms
         scheduled_at = now_ms + delay if delay >= 0 else -1
+        changed = assigned = 0
         if req.error == 0:
             for mid in list(g.members):
                 new = targets.get(mid, EMPTY_TARGET)
                 new = TargetMember(new.items & g.configured, new.metadata_version,
                                    new.metadata_bytes)
+                assigned += len(new.items)
                 if new != g.target.get(mid, EMPTY_TARGET) or mid not in g.target:
+                    changed += 1
                     txn.write(rec.target_member(g.group_id, mid, new))
             state = req.assignor_state
         else:
             state = g.assignor_state  # the assignor failed: the current target stays
         txn.write(rec.target_metadata(
             g.group_id, comp.prepared_epoch, req.error, state, scheduled_at))
+        name = g.soft.selected_assignor
+        timing = {"compute_ms": (now_ms - comp.prepared_at_ms if comp.prepared_at_ms is not None
+                                 else None),
+                  "since_chosen_ms": now_ms - comp.chosen_at_ms}
+        if req.error == 0:
+            self._event(txn, g, "target assignment installed", req.member_id, assignor=name,
+                        members=len(g.members), changed_members=changed, items=assigned,
+                        unassigned=len(g.configured) - assigned,
+                        scheduled_rebalance_delay_ms=delay if delay >= 0 else None, **timing)
+        else:
+            self._event(txn, g, "assignor failed", req.member_id, assignor=name,
+                        error=error_name(req.error), error_code=req.error,
+                        scheduled_rebalance_delay_ms=delay if delay >= 0 else None, **timing)
         txn.timer(SCHEDULED, g.group_id, "", scheduled_at if scheduled_at >= 0 else None)
         self._cancel_computation(txn, g)
         for mid in g.members:
@@ -1257,7 +1402,11 @@ class GroupCoordinator:
         if deadline is not None and deadline > now_ms:
             txn.timer(SESSION, g.group_id, member_id, deadline)
             return
-        self._fence(txn, g, member_id, now_ms, "session expired", hold=True)
+        session_ms, _ = self.config.for_group(g.configs)
+        cur = g.current.get(member_id)
+        self._fence(txn, g, member_id, now_ms, "session_expired", hold=True,
+                    static_leave=cur is not None and cur.epoch == -2, session_timeout_ms=session_ms,
+                    silent_ms=now_ms - deadline + session_ms if deadline is not None else None)
 
     def _on_rebalance_expired(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
         armed = g.soft.rebalance_deadline.get(member_id)
@@ -1268,8 +1417,9 @@ class GroupCoordinator:
             txn.timer(REBALANCE, g.group_id, member_id, armed[1])
             return
         if cur.state == MemberState.UNREVOKED_ITEMS and cur.epoch == armed[0]:
-            self._fence(txn, g, member_id, now_ms, "did not revoke within its rebalance timeout",
-                        hold=True)
+            self._fence(txn, g, member_id, now_ms, "rebalance_timeout", hold=True,
+                        revoking=len(cur.revoking),
+                        rebalance_timeout_ms=g.members[member_id].rebalance_timeout_ms)
 
     def _on_compute_expired(self, txn: _Txn, g: Group, now_ms: int) -> None:
         comp = g.soft.computation
@@ -1279,13 +1429,16 @@ class GroupCoordinator:
             txn.timer(COMPUTE, g.group_id, "", comp.deadline_ms)
             return
         txn.timer(COMPUTE, g.group_id, "", None)
+        self._event(txn, g, "assignment computation timed out", comp.member_id,
+                    assignor=g.soft.selected_assignor, prepared=comp.prepared_epoch is not None,
+                    waited_ms=now_ms - comp.chosen_at_ms)
         self._choose_assigner(txn, g, now_ms, exclude=comp.member_id)
 
     def _on_scheduled(self, txn: _Txn, g: Group, now_ms: int) -> None:
         at = g.scheduled_rebalance_at_ms
         if at < 0 or at > now_ms or g.epoch != g.assignment_epoch or not g.members:
             return
-        self._bump(txn, g)
+        self._bump(txn, g, now_ms, "scheduled_rebalance", scheduled_at_ms=at)
 
     def _maybe_arm_expiry(self, txn: _Txn, g: Group, now_ms: int) -> None:
         if g.members or g.connectors:
@@ -1301,9 +1454,11 @@ class GroupCoordinator:
         if since + self.config.empty_group_retention_ms > now_ms:
             return
         gid = g.group_id
-        for mid in list(g.current):  # holds of fenced members (nobody could take their items)
+        for mid, cur in list(g.current.items()):  # holds of fenced members (nobody could take their items)
+            self._event(txn, g, "hold ended", mid, reason="group_deleted", items=len(cur.owned))
             txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=gid, member_id=mid)))
             g.soft.hold_deadline.pop(mid, None)
+        self._event(txn, g, "group deleted", empty_ms=now_ms - since)
         if g.configs:
             txn.write(rec.tombstone(GroupConfigurationKey(group_id=gid)))
         # FIX (tests): always tombstone GroupConnectors. A connectors record written at group
@@ -1369,7 +1524,8 @@ class GroupCoordinator:
         bump = bool(g.members)
         txn.write(rec.group_connectors(g.group_id, g.epoch + bump, updated.values()))
         if bump:
-            self._bump(txn, g)
+            self._bump(txn, g, now_ms, "connectors_changed", connectors=len(updated),
+                       items=item_count(updated.values()))
         # Targets only ever hold configured items: strip what was removed, now.
         removed = {i for c in current.values() for i in c.items()} - g.configured
         affected = {g.target_owner[i] for i in removed if i in g.target_owner}
@@ -1488,6 +1644,8 @@ __all__ = [
     "COMPUTE",
     "CONNECTOR",
     "EXPIRE",
+    "FENCE_REASONS",
+    "GroupEvent",
     "REBALANCE",
     "SCHEDULED",
     "SESSION",

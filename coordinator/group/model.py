@@ -144,6 +144,8 @@ class Computation:
     prepared_epoch: int | None = None
     prepared_members: frozenset[str] = EMPTY  # type: ignore[assignment]
     prepared_items: frozenset[Item] = EMPTY
+    chosen_at_ms: int = 0  # when the member was chosen (for the log's durations)
+    prepared_at_ms: int | None = None  # when it last prepared for a new epoch
 
 
 @dataclass
@@ -164,6 +166,9 @@ class SoftState:
     dirty: set[str] = field(default_factory=set)  # members whose assignment has stale items
     empty_since_ms: int | None = None
     hold_deadline: dict[str, int] = field(default_factory=dict)  # fenced member -> release at
+    rebalance_started: tuple[int, int] | None = None
+    """(wall-clock ms, group epoch) of the bump that started the rebalance in progress; None
+    while the group is Stable or Empty (for the ``rebalance completed`` event's duration)."""
 
 
 @dataclass

@@ -20,6 +20,11 @@ Theory of operation
   re-evaluates it (a heartbeat with all optional fields null) and answers as soon as something
   changed; otherwise the parked answer goes out when MaxWaitMs (capped below the session
   timeout) elapses.
+* **Group events.** The core returns what happened to a group (joins, leaves, fences with
+  their reason, epoch bumps, assignment computations and installs, holds, completed
+  rebalances) as values in its Result; the shard logs each at info, with the partition, once
+  the Result's records are durable (a rolled-back write logs nothing), and counts fences,
+  session expiries and epoch bumps from them. The steady heartbeat returns none.
 * **Clock.** The core gets wall-clock milliseconds (persisted deadlines such as a scheduled
   rebalance must survive a restart); timers run on the loop's monotonic clock and re-check
   the wall clock when they fire.
@@ -38,10 +43,16 @@ from typing import Any
 from connect_wire.errors import ErrorCode
 from connect_wire.items import items_from_wire
 from connect_wire.messages import ConnectGroupHeartbeatRequest
-from connect_wire.records import GroupMetadataKey
 from coordinator import logs
 from coordinator.group.config import GroupCoordinatorConfig
-from coordinator.group.coordinator import GroupCoordinator, RequestContext, Result, TimerKey
+from coordinator.group.coordinator import (
+    GroupCoordinator,
+    GroupEvent,
+    RequestContext,
+    Result,
+    TimerKey,
+)
+from coordinator.group.model import is_hold
 from coordinator.group.state import ReplayError
 from coordinator.metrics import Metrics
 from coordinator.runtime import serde
@@ -55,6 +66,8 @@ from coordinator.runtime.log import (
 )
 
 log = logs.get("coordinator.shard")
+events_log = logs.get("coordinator.group")
+"""Group events (docs/daemon.md "Group events")."""
 
 LOADING, ACTIVE, FAILED, CLOSED = "loading", "active", "failed", "closed"
 UNOWNED = "unowned"
@@ -87,6 +100,8 @@ class _Event:
     future: asyncio.Future[Any] | None
     error: Callable[[int, str], Any] | None = None
     on_commit: Callable[[Result], None] | None = None
+    queued: float = 0.0
+    """When it was queued (time.monotonic()): for the event queue time."""
 
 
 @dataclass
@@ -166,6 +181,10 @@ class Shard:
         self._queue_gauge = metrics.event_queue_size.labels(str(partition))
         self._idle_gauge = metrics.thread_idle_ratio.labels(str(partition))
         self._bytes_gauge = metrics.log_bytes.labels(str(partition))
+        self._queue_time = metrics.event_queue_time.observe
+        self._processing_time = metrics.event_processing_time.observe
+        self._held = 0
+        metrics.held_items.labels(str(partition)).set_function(self.held_item_count)
         self.loaded_records = 0
         self.skipped_records = 0
         self.recovery_point = 0
@@ -286,6 +305,7 @@ class Shard:
                                    f"this node does not own partition {self.partition}")
 
     def _submit(self, event: _Event) -> None:
+        event.queued = time.monotonic()
         self.queue.put_nowait(event)
         self._queue_gauge.set(self.queue.qsize())
 
@@ -357,9 +377,15 @@ class Shard:
                 if ev.kind == "read":
                     await self._commit(pending)
                     pending = []
+                    begun = time.monotonic()
+                    self._queue_time(begun - ev.queued)
                     self._resolve_read(ev)
+                    self._processing_time(time.monotonic() - begun)
                     continue
+                begun = time.monotonic()
+                self._queue_time(begun - ev.queued)
                 result = self._apply(ev)
+                self._processing_time(time.monotonic() - begun)
                 if result is not None:
                     pending.append((ev, result))
             await self._commit(pending)
@@ -511,9 +537,8 @@ class Shard:
         for ev, result in pending:
             self._apply_timers(result)
             wake |= result.wake
-            for key, value in result.records:
-                if type(key) is GroupMetadataKey and value is not None and value.epoch > 0:
-                    self.metrics.rebalances.inc()
+            if result.events:
+                self._log_events(result.events)
             if ev.on_commit is not None:
                 ev.on_commit(result)
             elif ev.future is not None and not ev.future.done():
@@ -526,6 +551,43 @@ class Shard:
             wake = sorted(wake, key=lambda key: (not must_revoke(*key), key))  # type: ignore[assignment]
         for key in wake:
             self._refresh_parked(key)
+
+    def _log_events(self, events: list[GroupEvent]) -> None:
+        """Committed group events: one info line each, and the counters that follow them."""
+        metrics = self.metrics
+        for event in events:
+            fields = event.fields
+            name = event.event
+            if name == "group epoch bumped":
+                metrics.rebalances.inc()
+            elif name == "member fenced":
+                reason = fields.get("reason")
+                if reason in metrics.fences:
+                    metrics.fences[reason].inc()
+                if reason == "session_expired":
+                    metrics.session_expiries[
+                        "static_leave" if fields.get("static_leave") else "no_heartbeat"].inc()
+            events_log.info(name, group=event.group, partition=self.partition, **fields)
+
+    def held_item_count(self) -> int:
+        """Items held for fenced members now (the held-items gauge, read when scraped from the
+        metrics thread: it copies what it walks, and keeps its last answer should a dict change
+        size under it)."""
+        if self.state != ACTIVE:
+            return 0
+        try:
+            held = 0
+            for g in list(self.core.state.groups.values()):
+                if not g.soft.hold_deadline:
+                    continue
+                for member_id in list(g.soft.hold_deadline):
+                    cur = g.current.get(member_id)
+                    if cur is not None and is_hold(cur) and member_id not in g.members:
+                        held += len(cur.revoking)
+            self._held = held
+        except RuntimeError:  # changed while walked: the last answer
+            pass
+        return self._held
 
     async def _make_durable(self, pending: list[tuple[_Event, Result]]) -> bool:
         """Make the appended records durable (the fsync policy); False: they are not, every
