@@ -19,8 +19,8 @@ SSL, SASL_PLAINTEXT and SASL_SSL (a throw-away CA and server certificate made he
 * **Steady heartbeats over TLS**: ``--members`` simulated workers set up Stable (as ``bench
   throughput``), then ``bench/_loadgen.py`` sends their steady heartbeats over ``--connections``
   connections to the PLAINTEXT, the SSL and the SASL_SSL (SCRAM-SHA-256, authenticated once per
-  connection) listeners, in alternating order per repetition; heartbeats per second and
-  latency, medians of ``--repeat``.
+  connection) listeners, in alternating order per repetition; heartbeats per second, latency
+  and the daemon's CPU time per heartbeat in the measured window, medians of ``--repeat``.
 
 Both load generators run in their own process, on the same machine as the daemon. Headlines:
 TLS + SCRAM-SHA-256 connections per second against plaintext, and steady heartbeats per second
@@ -129,6 +129,34 @@ def _run_json(module: str, spec: dict[str, Any], workdir: Path) -> dict[str, Any
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _loadgen_window(spec: dict[str, Any], workdir: Path, pid: int) -> dict[str, Any]:
+    """``bench/_loadgen.py`` in its own process; the daemon's CPU time is sampled when the
+    measured window opens and closes (the connections' TLS and SASL set-up, with heartbeats
+    already flowing on the first ones, is outside it)."""
+    path = workdir / "loadgen-spec.json"
+    path.write_text(json.dumps({**spec, "announce": True}), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "bench._loadgen", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env())
+    assert proc.stdout is not None and proc.stderr is not None
+    cpu0 = cpu = 0.0
+    last = ""
+    for line in proc.stdout:
+        line = line.strip()
+        if line == "measuring":
+            cpu0 = cpu_seconds(pid)
+        elif line == "measured":
+            cpu = cpu_seconds(pid) - cpu0
+        elif line:
+            last = line
+    stderr = proc.stderr.read()
+    if proc.wait() != 0 or not last:
+        raise BenchError(f"load generator failed:\n{stderr[-3000:]}")
+    result = json.loads(last)
+    result["server_cpu_s"] = cpu
+    return result
+
+
 def _sasl(user: str | None) -> dict[str, str] | None:
     if user is None:
         return None
@@ -176,14 +204,13 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             order = HEARTBEATS if rep % 2 == 0 else HEARTBEATS[::-1]
             for name, listener, user in order:
                 host, port = bound[listener]
-                before = cpu_seconds(daemon.pid)
-                result = _run_json("bench._loadgen", {
+                result = _loadgen_window({
                     "host": host, "port": port, "group": GROUP, "members": members,
                     "connections": args.connections, "depth": args.depth,
                     "warmup_s": args.warmup, "duration_s": args.duration, "check": True,
-                    "tls": tls if "SSL" in listener else None, "sasl": _sasl(user)}, workdir)
+                    "tls": tls if "SSL" in listener else None, "sasl": _sasl(user)}, workdir,
+                    daemon.pid)
                 _check(daemon, name)
-                result["server_cpu_s"] = cpu_seconds(daemon.pid) - before
                 if result["errors"]:
                     raise BenchError(f"{name}: {result['errors']} of {result['checked']} sampled "
                                      "heartbeat responses carried an error")
