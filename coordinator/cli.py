@@ -25,8 +25,10 @@ docs/security.md). Credentials refused print one line and exit 1; bad settings e
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
+import time
 from typing import Any
 
 from connect_wire import client_security
@@ -168,7 +170,26 @@ def _describe(session: AdminSession, group_ids: list[str]) -> Any:
 
 
 def _items(a: Any) -> list[str]:
+    if a is None:
+        return []
     return [*a.connectors, *(f"{t.connector}/{t.task}" for t in a.tasks)]
+
+
+def _utc(ms: int) -> str | None:
+    """Wall-clock milliseconds as ISO 8601 UTC to the millisecond (None for -1: unknown)."""
+    if ms < 0:
+        return None
+    at = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _until(ms: int, now_ms: int) -> str:
+    """When a hold ends, for a human: the UTC time and how far away (by this machine's clock)."""
+    at = _utc(ms)
+    if at is None:
+        return "unknown"
+    left = (ms - now_ms) / 1000
+    return f"{at[:19]}Z ({f'in {left:.1f} s' if left > 0 else 'ending now'})"
 
 
 def _group_dict(g: Any) -> dict[str, Any]:
@@ -183,8 +204,14 @@ def _group_dict(g: Any) -> dict[str, Any]:
         "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
                      "worker_url": m.worker_url, "client_id": m.client_id,
                      "client_host": m.client_host, "epoch": m.member_epoch, "state": m.member_state,
-                     "assignment": _items(m.assignment), "target": _items(m.target_assignment)}
+                     "assignment": _items(m.assignment), "revoking": _items(m.revoking),
+                     "target": _items(m.target_assignment)}
                     for m in g.members],
+        # Items held for fenced members (issue 14): nobody runs them until the hold ends.
+        "holds": [{"member_id": h.member_id, "instance_id": h.instance_id,
+                   "until_ms": h.held_until_ms if h.held_until_ms >= 0 else None,
+                   "until": _utc(h.held_until_ms), "items": _items(h.items)}
+                  for h in g.holds],
     }
 
 
@@ -257,18 +284,42 @@ def cmd_groups(args: argparse.Namespace, out: Any) -> None:
             out.write(json.dumps(dicts, indent=2) + "\n")
         else:
             for g in dicts:
-                out.write(f"GROUP {g['group']}  state={g['state']}  epoch={g['group_epoch']}  "
-                          f"assignment-epoch={g['assignment_epoch']}  assignor={g['assignor']}  "
-                          f"computing={g['assigning_member']}\n")
-                if g["error"]:
-                    out.write(f"  {g['error']}: {g['error_message']}\n")
-                out.write(_table([[m["member_id"], m["instance_id"] or "-", m["epoch"], m["state"],
-                                   " ".join(m["assignment"]) or "-", " ".join(m["target"]) or "-"]
-                                  for m in g["members"]],
-                                 ["MEMBER", "INSTANCE", "EPOCH", "STATE", "RUNNING", "TARGET"]) + "\n\n")
+                _write_group(out, g)
         for g in described:
             if g.error_code and g.error_code != 10001:
                 raise CliError(f"{error_name(g.error_code)}: {g.error_message}")
+
+
+def _write_group(out: Any, g: dict[str, Any]) -> None:
+    """``groups describe``'s human form. ASSIGNED is what the coordinator gave the member and it
+    still owns (not whether its plugin runs: a worker restarts a failing instance and keeps it),
+    REVOKING what it must give up and has not reported stopped yet. Items held for fenced
+    members follow, with the member and when the hold ends. No value prints as Python's
+    None (issue 14): absent is ``-``."""
+    def text(value: Any) -> str:
+        return "-" if value is None or value == "" else str(value)
+
+    out.write(f"GROUP {g['group']}  state={g['state']}  epoch={g['group_epoch']}  "
+              f"assignment-epoch={g['assignment_epoch']}  assignor={text(g['assignor'])}  "
+              f"computing={text(g['assigning_member'])}\n")
+    if g["error"]:
+        out.write(f"  {g['error']}: {text(g['error_message'])}\n")
+    if g["members"]:
+        out.write(_table([[m["member_id"], text(m["instance_id"]), m["epoch"], m["state"],
+                           " ".join(m["assignment"]) or "-", " ".join(m["revoking"]) or "-",
+                           " ".join(m["target"]) or "-"] for m in g["members"]],
+                         ["MEMBER", "INSTANCE", "EPOCH", "STATE", "ASSIGNED", "REVOKING",
+                          "TARGET"]) + "\n")
+    else:
+        out.write("  no members\n")
+    if g["holds"]:
+        now_ms = time.time_ns() // 1_000_000
+        out.write("HELD FOR FENCED MEMBERS (nobody runs these until the hold ends):\n")
+        out.write(_table([[h["member_id"], text(h["instance_id"]),
+                           _until(h["until_ms"] if h["until_ms"] is not None else -1, now_ms),
+                           " ".join(h["items"]) or "-"] for h in g["holds"]],
+                         ["FENCED MEMBER", "INSTANCE", "HELD UNTIL", "ITEMS"]) + "\n")
+    out.write("\n")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

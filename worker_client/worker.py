@@ -85,6 +85,41 @@ from worker_client.plugins import PluginError, connector_class, task_class
 log = logs.get("worker")
 
 
+class MemberLog:
+    """The worker's log, every line with the member's id, instance id and epoch as they are
+    when it is written, the names ``groups describe`` and the coordinator's group events use
+    (``group``, ``member_id``, ``instance_id``, ``member_epoch``; issue 14). Read from the
+    membership at each call: the id and epoch change as the worker (re)joins, and the instances'
+    tasks, started earlier, would keep a stale context bound in a context variable."""
+
+    __slots__ = ("_group", "_instance_id", "_membership")
+
+    def __init__(self, membership: Membership, group: str, instance_id: str | None) -> None:
+        self._membership = membership
+        self._group = group
+        self._instance_id = instance_id
+
+    def context(self) -> dict[str, Any]:
+        m = self._membership
+        return {"group": self._group, "member_id": m.member_id or None,
+                "instance_id": self._instance_id, "member_epoch": m.member_epoch}
+
+    def debug(self, event: str, **fields: Any) -> None:
+        log.debug(event, **self.context(), **fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        log.info(event, **self.context(), **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        log.warning(event, **self.context(), **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        log.error(event, **self.context(), **fields)
+
+    def critical(self, event: str, **fields: Any) -> None:
+        log.critical(event, **self.context(), **fields)
+
+
 def now_ms() -> int:
     """The worker's clock for its lease, deadlines and timers: monotonic (a lease is a local
     duration; a wall-clock step must not stretch it)."""
@@ -204,6 +239,7 @@ class Worker:
             instance_id=config.instance_id, worker_url=config.worker_url,
             session_timeout_ms=config.session_timeout_ms, long_poll=config.long_poll,
         )
+        self.log = MemberLog(self.membership, config.group_id, config.instance_id)
         self.instances: dict[Item, _Instance] = {}
         self._stopping: dict[Item, asyncio.Future[None]] = {}  # stops in progress
         self._stop = asyncio.Event()
@@ -294,9 +330,8 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._guard.start()
         watchdog = asyncio.create_task(self._watchdog())
-        log.info("joining", group=self.config.group_id, instance=self.config.instance_id,
-                 security=(self.config.security.describe() if self.config.security is not None
-                           else "PLAINTEXT"))
+        self.log.info("joining", security=(self.config.security.describe()
+                                           if self.config.security is not None else "PLAINTEXT"))
         try:
             while not self._stop.is_set():
                 if self._failed_stop is not None:
@@ -350,7 +385,7 @@ class Worker:
                     if self._stop.is_set() or self._failed_stop is not None:
                         continue
                     backoff_ms = self._retry_delay_ms(int(self.client.backoff_s() * 1000))
-                    log.info("heartbeat failed; retrying", error=str(exc) or "cancelled",
+                    self.log.info("heartbeat failed; retrying", error=str(exc) or "cancelled",
                              retry_in_ms=backoff_ms)
                     m.on_failure(now_ms(), backoff_ms)
                     continue
@@ -362,8 +397,8 @@ class Worker:
                     m.on_failure(now_ms(), int(self.client.backoff_s() * 1000))
                     continue
                 if resp.error_code:
-                    log.info("heartbeat error", error=error_name(resp.error_code),
-                             message=resp.error_message, epoch=req.member_epoch)
+                    self.log.info("heartbeat error", error=error_name(resp.error_code),
+                                  message=resp.error_message)
                 for action in m.on_response(resp, now_ms()):
                     if isinstance(action, Revoke | Assign):
                         self._pending.append(action)  # in order, one at a time (above)
@@ -390,7 +425,7 @@ class Worker:
         next turn). Not retried: it would be refused again, forever (issue 13)."""
         m = self.membership
         if m.state != State.FAILED:
-            log.error("the coordinator refused this worker's credentials; stopping", error=str(exc))
+            self.log.error("the coordinator refused this worker's credentials; stopping", error=str(exc))
             self._security_failure = exc
             m.fail(exc.code if exc.code is not None else 0, str(exc))
         self._wake.set()
@@ -412,7 +447,7 @@ class Worker:
         m = self.membership
         strays = frozenset(self.instances) - m.owned - m.assigned
         if strays:
-            log.warning("stopping instances no longer assigned", items=_names(strays))
+            self.log.warning("stopping instances no longer assigned", items=_names(strays))
             await self._stop_items(strays)
 
     async def _watchdog(self) -> None:
@@ -428,7 +463,7 @@ class Worker:
             await asyncio.sleep(wait)
             lost = m.check_session(now_ms())
             if lost is not None:
-                log.warning("no heartbeat within the session timeout: stopping all work",
+                self.log.warning("no heartbeat within the session timeout: stopping all work",
                             items=len(lost.items))
                 self._lost_gen += 1
                 if self._inflight is not None:
@@ -448,7 +483,7 @@ class Worker:
                     await self._stop_items(items)
                     await _call(self.listener.on_revoked, items)
                     m.revoked(items, now_ms())
-                    log.info("revoked", items=_names(items), epoch=m.member_epoch)
+                    self.log.info("revoked", items=_names(items))
             elif isinstance(action, Assign) and self._draining:
                 pass  # shutting down: nothing new starts; the leave releases it
             elif isinstance(action, Assign):
@@ -459,8 +494,8 @@ class Worker:
                     # A stale answer handled late (e.g. after a stop-the-world pause longer
                     # than the session): the coordinator may have given these items away. The
                     # watchdog fences and rejoins; nothing starts.
-                    log.warning("not starting an assignment: the session lease expired",
-                                items=_names(items), epoch=m.member_epoch)
+                    self.log.warning("not starting an assignment: the session lease expired",
+                                     items=_names(items))
                     items = frozenset()
                 for a in self.assignors:
                     a.on_assignment(MemberAssignmentInfo(m.member_epoch, m.assigned, action.error,
@@ -470,7 +505,7 @@ class Worker:
                     started = await self._start_items(items)
                     await _call(self.listener.on_assigned, started)
                     m.assigned_started(started, now_ms())
-                    log.info("assigned", items=_names(started), epoch=m.member_epoch)
+                    self.log.info("assigned", items=_names(started))
             elif isinstance(action, Lost):
                 self.metrics.lost.inc()
                 self._pending.clear()  # stale: the rejoin brings a fresh assignment
@@ -482,12 +517,12 @@ class Worker:
                     await self._stop_items(frozenset(self.instances))  # ...what it started stops
                 await _call(self.listener.on_lost, action.items)
                 m.revoked(action.items, now_ms())
-                log.warning("lost all work; rejoining", reason=action.reason, items=len(action.items))
+                self.log.warning("lost all work; rejoining", reason=action.reason, items=len(action.items))
             elif isinstance(action, Compute):
                 if not self._draining and (self._compute is None or self._compute.done()):
                     self._compute = asyncio.create_task(self._compute_assignment())
             elif isinstance(action, Fatal):
-                log.error("the coordinator refused this worker", error=action.message)
+                self.log.error("the coordinator refused this worker", error=action.message)
         except _FailStopped:
             pass  # nothing of this action is reported: the worker is as good as dead
         finally:
@@ -522,14 +557,14 @@ class Worker:
                 self._refused(exc)
                 return frozenset()
             except ConnectionFailed as exc:
-                log.warning("cannot fetch connector configs", error=str(exc), attempt=attempt)
+                self.log.warning("cannot fetch connector configs", error=str(exc), attempt=attempt)
                 await asyncio.sleep(self.client.backoff_s())
         m = self.membership
         if gen != self._lost_gen or m.lease_expired(now_ms()):
             # The configs came back after the session lease ended (found by review: a fetch
             # answered late started work the coordinator had given away): start nothing.
-            log.warning("not starting an assignment: the session lease ended while its "
-                        "configs were fetched", items=_names(items), epoch=m.member_epoch)
+            self.log.warning("not starting an assignment: the session lease ended while its "
+                             "configs were fetched", items=_names(items))
             return frozenset()
         items = items & m.assigned
         await asyncio.gather(*(self._start(item, configs.get(item.connector)) for item in sorted(items)))
@@ -582,7 +617,7 @@ class Worker:
                     return
                 inst.restarts += 1
                 self.metrics.failures.inc()
-                log.error("instance failed; restarting", item=str(inst.item), error=repr(exc),
+                self.log.error("instance failed; restarting", item=str(inst.item), error=repr(exc),
                           restarts=inst.restarts, retry_in_s=round(delay, 2))
                 if inst.started:
                     # Fix: the crashed instance is stopped here, once; _stop_one used to stop it
@@ -678,7 +713,7 @@ class Worker:
             self._overrun(inst, "its stop() did not return")
         exc = task.exception()
         if exc is not None:
-            log.error("stop() raised; the instance counts as stopped", item=str(inst.item),
+            self.log.error("stop() raised; the instance counts as stopped", item=str(inst.item),
                       error=repr(exc), exc_info=exc)
             self.metrics.failures.inc()
 
@@ -721,15 +756,14 @@ class Worker:
                 return
             self._failed_stop = reason
         event = "fail-stop: ending the process so that no work can run on two workers"
-        fields = {"reason": reason, "member_id": self.membership.member_id,
-                  "epoch": self.membership.member_epoch, "exit_status": FAIL_STOP_EXIT}
+        fields = {"reason": reason, "exit_status": FAIL_STOP_EXIT}
         action = self.config.fail_stop
         if action is None:
             # The exit must not depend on the logger: a full pipe on stderr, a dead log reader
             # or a logger's lock held by a blocked loop held it up (found by review). One
             # non-blocking write of the line, then a timer ends the process should the flush
             # of the exit block.
-            logs.emergency(event, **{**self._log_context, **fields})
+            logs.emergency(event, **{**self._log_context, **self.log.context(), **fields})
             timer = threading.Timer(max(0.005, self.fail_stop_margin_ms / 2000), os._exit,
                                     (FAIL_STOP_EXIT,))  # (no flush: that may be what blocks)
             timer.daemon = True
@@ -737,7 +771,7 @@ class Worker:
             exit_process(reason)  # (does not return)
             return
         try:  # an embedder's action (tests): the ordinary logger
-            log.critical(event, **fields)
+            self.log.critical(event, **fields)
         except BaseException:  # noqa: BLE001 - the action below must run whatever the log does
             pass
         action(reason)
@@ -766,12 +800,12 @@ class Worker:
             prep = await self.client.send(ConnectGroupPrepareAssignmentRequest(
                 group_id=self.config.group_id, member_id=m.member_id, member_epoch=m.member_epoch))
             if prep.error_code:
-                log.info("prepare assignment refused", error=error_name(prep.error_code),
+                self.log.info("prepare assignment refused", error=error_name(prep.error_code),
                          message=prep.error_message)
                 return
             assignor = next((a for a in self.assignors if a.name == prep.assignor_name), None)
             if assignor is None:
-                log.error("the group's assignor is not one of ours", assignor=prep.assignor_name)
+                self.log.error("the group's assignor is not one of ours", assignor=prep.assignor_name)
                 return
             group = group_from_prepare(prep)
             started = time.monotonic()
@@ -786,16 +820,16 @@ class Worker:
                     continue
                 break
             if resp.error_code:
-                log.warning("install assignment refused", error=error_name(resp.error_code),
+                self.log.warning("install assignment refused", error=error_name(resp.error_code),
                             message=resp.error_message)
             else:
-                log.info("installed assignment", group_epoch=prep.group_epoch,
+                self.log.info("installed assignment", group_epoch=prep.group_epoch,
                          members=len(result.members), delay_ms=result.scheduled_rebalance_delay_ms)
                 # Our own new target is waiting: poll now rather than after the interval.
                 m.next_heartbeat_ms = now_ms()
                 self._wake.set()
         except ConnectionFailed as exc:
-            log.info("assignment computation abandoned", error=str(exc))
+            self.log.info("assignment computation abandoned", error=str(exc))
         except SecurityError as exc:
             self._refused(exc)
 
@@ -857,7 +891,7 @@ class Worker:
                 if resp is not None and resp.error_code not in (
                         ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                         ErrorCode.NOT_COORDINATOR):
-                    log.info("left the group", static=static, error=error_name(resp.error_code))
+                    self.log.info("left the group", static=static, error=error_name(resp.error_code))
                     break
                 if attempt < 3:
                     await asyncio.sleep(self.client.backoff_s())

@@ -89,6 +89,25 @@ class Member:
     "The member's current assignment."
     target_assignment: Assignment = field()
     "The member's target assignment."
+    revoking: Assignment | None = field(metadata={'tag': 0}, default=None)
+    "What the member must give up and has not yet reported stopped (it still owns it); null: nothing."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hold:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 10003
+    __header_schema__: ClassVar[type | None] = ResponseHeader
+    member_id: str = field(metadata={'kafka_type': 'string'})
+    "The fenced member's id."
+    instance_id: str | None = field(metadata={'kafka_type': 'string'}, default=None)
+    "Its static instance id, or null if it had none (or the coordinator restarted since the fence)."
+    held_until_ms: int = field(metadata={'kafka_type': 'int64'})
+    "When the hold ends, in the coordinator's wall-clock milliseconds since the Unix epoch; -1 if unknown."
+    items: Assignment = field()
+    "The held connectors and tasks."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +137,8 @@ class DescribedGroup:
     "The connectors of the group."
     members: tuple[Member, ...] = field(default=())
     "The members of the group."
+    holds: tuple[Hold, ...] = field(metadata={'tag': 0}, default=())
+    "Items held for fenced members: owned by no live member and given to nobody until the hold ends (absent: none)."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -830,6 +830,7 @@ class GroupCoordinator:
             # current assignment below: what it reports still running of it stays owned by it,
             # as revoking, the rest is released (its own report says it stopped it).
             g.soft.hold_deadline.pop(member_id, None)
+            g.soft.hold_instance.pop(member_id, None)
             hold = g.current.get(member_id)
             txn.write(rec.group_member(g.group_id, MemberMetadata(
                 member_id=member_id, instance_id=req.instance_id, worker_url=req.worker_url,
@@ -1044,6 +1045,8 @@ class GroupCoordinator:
             self._event(txn, g, "hold started", member_id, items=len(released),
                         names=self._names(released), until_ms=hold_until,
                         hold_ms=hold_until - now_ms)
+            member = g.members.get(member_id)
+            g.soft.hold_instance[member_id] = member.instance_id if member is not None else None
             txn.write(rec.current_assignment(g.group_id, member_id, CurrentAssignment(
                 HELD_EPOCH, hold_until - now_ms, MemberState.UNREVOKED_ITEMS, EMPTY, released)))
             self._arm_hold(txn, g, member_id, hold_until)
@@ -1090,7 +1093,8 @@ class GroupCoordinator:
         txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=g.group_id, member_id=member_id)))
         self._wake_for(txn, g, cur.owned)
         self._event(txn, g, "hold ended", member_id, reason="expired", items=len(cur.owned),
-                    names=self._names(cur.owned))
+                    names=self._names(cur.owned),
+                    instance_id=g.soft.hold_instance.pop(member_id, None))
 
     def _forget_member(self, txn: _Txn, g: Group, member_id: str) -> None:
         soft = g.soft
@@ -1455,7 +1459,8 @@ class GroupCoordinator:
             return
         gid = g.group_id
         for mid, cur in list(g.current.items()):  # holds of fenced members (nobody could take their items)
-            self._event(txn, g, "hold ended", mid, reason="group_deleted", items=len(cur.owned))
+            self._event(txn, g, "hold ended", mid, reason="group_deleted", items=len(cur.owned),
+                        instance_id=g.soft.hold_instance.pop(mid, None))
             txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=gid, member_id=mid)))
             g.soft.hold_deadline.pop(mid, None)
         self._event(txn, g, "group deleted", empty_ms=now_ms - since)
@@ -1618,7 +1623,16 @@ class GroupCoordinator:
                 client_id=m.client_id, client_host=m.client_host, member_epoch=cur.epoch,
                 member_state=cur.state.label, assignment=assignment(cur.assigned),
                 target_assignment=assignment(g.target_items(mid)),
+                revoking=assignment(cur.revoking) if cur.revoking else None,
             ))
+        # Holds: what fenced members (no longer members) still own until their stop budget ran
+        # out (issue 14: describe did not show who holds what, or until when).
+        holds = tuple(
+            _desc.Hold(member_id=mid, instance_id=g.soft.hold_instance.get(mid),
+                       held_until_ms=g.soft.hold_deadline.get(mid, -1),
+                       items=assignment(cur.owned))
+            for mid, cur in g.current.items() if mid not in g.members and is_hold(cur)
+        )
         return _desc.DescribedGroup(
             error_code=code, error_message=message, group_id=group_id,
             group_state=g.state.value, group_epoch=g.epoch,
@@ -1632,6 +1646,7 @@ class GroupCoordinator:
                 for c in sorted(g.connectors.values(), key=lambda c: c.name)
             ),
             members=tuple(members),
+            holds=holds,
         )
 
 

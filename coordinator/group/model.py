@@ -166,6 +166,8 @@ class SoftState:
     dirty: set[str] = field(default_factory=set)  # members whose assignment has stale items
     empty_since_ms: int | None = None
     hold_deadline: dict[str, int] = field(default_factory=dict)  # fenced member -> release at
+    hold_instance: dict[str, str | None] = field(default_factory=dict)  # fenced member -> its
+    # instance id (for describe and the log; unknown after a load)
     rebalance_started: tuple[int, int] | None = None
     """(wall-clock ms, group epoch) of the bump that started the rebalance in progress; None
     while the group is Stable or Empty (for the ``rebalance completed`` event's duration)."""
