@@ -20,7 +20,9 @@ SSL, SASL_PLAINTEXT and SASL_SSL (a throw-away CA and server certificate made he
   throughput``), then ``bench/_loadgen.py`` sends their steady heartbeats over ``--connections``
   connections to the PLAINTEXT, the SSL and the SASL_SSL (SCRAM-SHA-256, authenticated once per
   connection) listeners, in alternating order per repetition; heartbeats per second, latency
-  and the daemon's CPU time per heartbeat in the measured window, medians of ``--repeat``.
+  and the daemon's CPU time per heartbeat in the measured window, medians of ``--repeat``. One
+  more row: the same members on a second daemon with ``authorizer=acl``, where an ACL allows
+  the PLAINTEXT listener's User:ANONYMOUS to READ the group (one ACL decision per heartbeat).
 
 Both load generators run in their own process, on the same machine as the daemon. Headlines:
 TLS + SCRAM-SHA-256 connections per second against plaintext, and steady heartbeats per second
@@ -58,7 +60,9 @@ HANDSHAKES = (  # (row name, listener, sasl user or None)
     ("SASL_SSL SCRAM-SHA-512", "SASL_SSL", "bench-512"),
 )
 HEARTBEATS = (("PLAINTEXT", "PLAINTEXT", None), ("SSL (TLS)", "SSL", None),
-              ("SASL_SSL SCRAM-SHA-256", "SASL_SSL", "bench-256"))
+              ("SASL_SSL SCRAM-SHA-256", "SASL_SSL", "bench-256"),
+              ("PLAINTEXT, authorizer=acl", "PLAINTEXT", None))
+ACL_ROW = "PLAINTEXT, authorizer=acl"  # on a second daemon: User:ANONYMOUS allowed by an ACL
 
 
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
@@ -164,6 +168,36 @@ def _sasl(user: str | None) -> dict[str, str] | None:
     return {"mechanism": mechanism, "user": user, "password": password}
 
 
+def _acl_daemon(workdir: Path, count: int) -> tuple[Process, list[tuple[str, int]]]:
+    """A second daemon with ``authorizer=acl``: ACLs let User:ANONYMOUS (its PLAINTEXT
+    listener) READ and ALTER the benchmark's group, made with ``acls add`` by a super user
+    over SASL_PLAINTEXT; then ``count`` members set up Stable as on the first one."""
+    from bench.throughput import GROUP, setup_members
+    data = workdir / "acl-data"
+    add_users(data, workdir)
+    user = "bench-256"
+    process, _ = start_daemon(data, extra_env={
+        **DAEMON_ENV, "CONNECT_COORDINATOR_AUTHORIZER": "acl",
+        "CONNECT_COORDINATOR_SUPER_USERS": f"User:{user}"},
+        extra_args=["--listen", "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"])
+    try:
+        host, port = listeners(process)["SASL_PLAINTEXT"]
+        done = subprocess.run(
+            [sys.executable, "-m", "coordinator.cli", "acls", "add", "--bootstrap",
+             f"{host}:{port}", "--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism",
+             USERS[user][0], "--sasl-username", user, "--sasl-password-file",
+             str(workdir / f"{user}.pw"), "--allow-principal", "User:ANONYMOUS",
+             "--operation", "Read", "--operation", "Alter", "--group", GROUP],
+            capture_output=True, text=True, env=child_env(), timeout=60, check=False)
+        if done.returncode != 0:
+            raise BenchError(f"acls add failed: {done.stderr.strip()}")
+        members = asyncio.run(setup_members(*listeners(process)["PLAINTEXT"], count))
+    except BaseException:
+        process.stop()
+        raise
+    return process, members
+
+
 def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from bench.throughput import GROUP, setup_members
 
@@ -176,6 +210,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "--listen", "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,"
                     "SASL_SSL://127.0.0.1:0"])
     tls = {"cafile": str(ca)}
+    acl_daemon: Process | None = None
     try:
         bound = listeners(daemon)
         handshake_runs: dict[str, list[dict[str, Any]]] = {}
@@ -198,25 +233,31 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         started = time.perf_counter()
         host, port = bound["PLAINTEXT"]
         members = asyncio.run(setup_members(host, port, args.members))
+        acl_daemon, acl_members = _acl_daemon(workdir, args.members)
         setup_s = time.perf_counter() - started
+        acl_bound = listeners(acl_daemon)
         heartbeat_runs: dict[str, list[dict[str, Any]]] = {}
         for rep in range(args.repeat):
             order = HEARTBEATS if rep % 2 == 0 else HEARTBEATS[::-1]
             for name, listener, user in order:
-                host, port = bound[listener]
+                target = acl_daemon if name == ACL_ROW else daemon
+                host, port = (acl_bound if name == ACL_ROW else bound)[listener]
                 result = _loadgen_window({
-                    "host": host, "port": port, "group": GROUP, "members": members,
+                    "host": host, "port": port, "group": GROUP,
+                    "members": acl_members if name == ACL_ROW else members,
                     "connections": args.connections, "depth": args.depth,
                     "warmup_s": args.warmup, "duration_s": args.duration, "check": True,
                     "tls": tls if "SSL" in listener else None, "sasl": _sasl(user)}, workdir,
-                    daemon.pid)
-                _check(daemon, name)
+                    target.pid)
+                _check(target, name)
                 if result["errors"]:
                     raise BenchError(f"{name}: {result['errors']} of {result['checked']} sampled "
                                      "heartbeat responses carried an error")
                 heartbeat_runs.setdefault(name, []).append(result)
     finally:
         daemon.stop()
+        if acl_daemon is not None:
+            acl_daemon.stop()
     return {"setup_seconds": round(setup_s, 3),
             "handshakes": [_handshake_row(name, handshake_runs[name]) for name, _, _ in HANDSHAKES],
             "heartbeats": [_heartbeat_row(name, heartbeat_runs[name], args)

@@ -9,7 +9,7 @@ from tests.bench_run import run_bench
 
 HANDSHAKES = ["PLAINTEXT", "SSL (TLS)", "SASL_PLAINTEXT SCRAM-SHA-256", "SASL_SSL SCRAM-SHA-256",
               "SASL_SSL SCRAM-SHA-512"]
-HEARTBEATS = ["PLAINTEXT", "SSL (TLS)", "SASL_SSL SCRAM-SHA-256"]
+HEARTBEATS = ["PLAINTEXT", "SSL (TLS)", "SASL_SSL SCRAM-SHA-256", "PLAINTEXT, authorizer=acl"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
