@@ -500,3 +500,36 @@ def test_no_authorizer_allows_everything_and_asks_nothing(sasl: InProcess) -> No
         assert not c.call(ApiKey.CONNECT_GROUP_HEARTBEAT, 0, _heartbeat("any")).error_code
     security = sasl.server.security
     assert getattr(security, "calls", []) == []
+
+
+def test_decisions_are_cached_until_the_acls_change(tmp_path: Path) -> None:
+    """With the daemon's own security state: a heartbeat refused, an ACL added through the
+    store, the same heartbeat on the same connection allowed (the router's cache of decisions
+    follows the state's version), the ACL deleted, refused again."""
+    from coordinator.security.model import ALL_ACLS, AclBinding
+    from coordinator.security.scram import credential_from_password
+    from coordinator.security.state import credential_record
+    from coordinator.security.store import append_offline
+
+    append_offline(tmp_path / "data", [credential_record(
+        "alice", credential_from_password("SCRAM-SHA-256", ALICE[1]))])
+    with InProcess(tmp_path, {"listeners": "SASL_PLAINTEXT://127.0.0.1:0",
+                              "authorizer": "acl"}) as d, Raw(d.address()) as c:
+        service = d.server.security_service
+        binding = AclBinding.of("GROUP", "g", "User:alice", "READ")
+
+        async def change(create: bool) -> None:
+            if create:
+                _, records = service.state.create_acls([binding])
+            else:
+                _, records = service.state.delete_acls([ALL_ACLS])
+            await service.store.apply(records)
+        assert not c.scram(*ALICE).error_code
+        for _ in range(2):
+            assert c.call(ApiKey.CONNECT_GROUP_HEARTBEAT, 0, _heartbeat("g")).error_code \
+                == ErrorCode.GROUP_AUTHORIZATION_FAILED
+        d.run(change(True))
+        assert not c.call(ApiKey.CONNECT_GROUP_HEARTBEAT, 0, _heartbeat("g")).error_code
+        d.run(change(False))
+        assert c.call(ApiKey.CONNECT_GROUP_HEARTBEAT, 0, _heartbeat("g")).error_code \
+            == ErrorCode.GROUP_AUTHORIZATION_FAILED

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +59,7 @@ _HEARTBEAT = int(ApiKey.CONNECT_GROUP_HEARTBEAT)
 LOOP_LAG_PROBE_S = 0.1
 DENIAL_LOG_INTERVAL_S = 10.0  # an authorization denial is logged once per this per principal,
 DENIAL_LOG_KEYS = 10_000  # API and resource (the keys remembered: forgotten all at once past it)
+DECISIONS_CACHED = 50_000  # authorizer decisions remembered (all forgotten at once past it)
 AUTH_FAILURE_LOG_INTERVAL_S = 10.0  # failed authentications: one line per peer host per this
 
 
@@ -78,14 +80,31 @@ class Router:
         self.server = server
         self.acl = server.config["authorizer"] == "acl"
         self._denial_logged: dict[tuple[str, str, str, str], list[float]] = {}
+        self._decisions: dict[tuple[str, str, str, str, str], bool] = {}
+        self._decisions_version: Any = None
 
     # -- authorization ----------------------------------------------------------------------------
     def allowed(self, ctx: RequestContext, operation: str, resource_type: str, name: str) -> bool:
-        """The authorizer's decision (always True with authorizer=none)."""
+        """The authorizer's decision (always True with authorizer=none), cached per principal,
+        host, operation and resource until the security state changes (its ``version``): a
+        decision walks the resource's ACLs, ~3.5 µs per heartbeat measured (bench security)."""
         if not self.acl:
             return True
-        return bool(self.server.security.authorize(ctx.principal, ctx.client_host, operation, resource_type,
-                                       name))
+        security = self.server.security
+        version = getattr(security, "version", None)
+        key = (ctx.principal, ctx.client_host, operation, resource_type, name)
+        if version is None:
+            return bool(security.authorize(*key))
+        decisions = self._decisions
+        if version != self._decisions_version:
+            decisions.clear()
+            self._decisions_version = version
+        allowed = decisions.get(key)
+        if allowed is None:
+            if len(decisions) >= DECISIONS_CACHED:
+                decisions.clear()
+            allowed = decisions[key] = bool(security.authorize(*key))
+        return allowed
 
     def denied(self, ctx: RequestContext, api: str, operation: str, resource_type: str,
                name: str) -> str | None:
@@ -591,6 +610,9 @@ class CoordinatorServer:
         except (OSError, ValueError) as exc:
             raise StartupError(f"cannot load the security log: {exc}") from None
         await self._listen()
+        # Only now, listening, is the partition count fixed on disk (before any partition log
+        # is written): a first start that failed (a busy port) used to fix it already.
+        self._write_partitions_marker()
         self.partition_states()
         await asyncio.gather(*(shard.load() for shard in self.shards))
         self.partition_states()
@@ -607,9 +629,13 @@ class CoordinatorServer:
         loop = asyncio.get_running_loop()
         for spec in self.listener_specs:
             served = self.served[spec.name]
-            server = await loop.create_server(
-                lambda served=served: Connection(self, served), spec.host, spec.port,  # type: ignore[misc]
-                reuse_address=True, ssl=served.ssl)
+            try:
+                server = await loop.create_server(
+                    lambda served=served: Connection(self, served), spec.host, spec.port,  # type: ignore[misc]
+                    reuse_address=True, ssl=served.ssl)
+            except OSError as exc:  # a busy port: name it and the listener (issue 14)
+                raise StartupError(f"cannot listen on {_where(spec.host, spec.port)} (listener "
+                                   f"{spec.name}): {_why(exc)}") from None
             self._servers.append(server)
             sock = server.sockets[0].getsockname()
             self.bound_listeners[spec.name] = (sock[0], sock[1])
@@ -623,8 +649,12 @@ class CoordinatorServer:
                             "sasl.plain.allow.insecure to offer it)", listener=name)
         metrics_listen = self.config.metrics_listen
         if metrics_listen is not None:
-            server, _thread = start_http_server(metrics_listen[1], metrics_listen[0],
-                                                registry=self.metrics.registry)
+            try:
+                server, _thread = start_http_server(metrics_listen[1], metrics_listen[0],
+                                                    registry=self.metrics.registry)
+            except OSError as exc:  # a busy port: name it (issue 14)
+                raise StartupError(f"cannot serve metrics on {_where(*metrics_listen)} "
+                                   f"(metrics.listener): {_why(exc)}") from None
             self._metrics_server = server
             self.metrics_bound = (metrics_listen[0], server.server_port)
 
@@ -685,7 +715,20 @@ class CoordinatorServer:
                 raise ConfigError(
                     f"{self.data_dir} holds partition logs but no "
                     "'partitions' marker file; write the original partition count into it.")
-            marker.write_text(want + "\n")
+
+    def _write_partitions_marker(self) -> None:
+        marker = self.data_dir / "partitions"
+        if marker.exists():
+            return
+        with open(marker, "w") as f:
+            f.write(f"{len(self.shards)}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        fd = os.open(self.data_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # (the entry, before any partition log exists)
+        finally:
+            os.close(fd)
 
     def listening(self) -> str:
         """The bound listeners as the banner names them: ``HOST:PORT`` for the PLAINTEXT
@@ -748,6 +791,15 @@ class CoordinatorServer:
         if self._lock is not None:
             self._lock.release()
         log.info("stopped")
+
+
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _why(exc: OSError) -> str:
+    """``Address already in use`` (uvloop's message repeats the address as a Python tuple)."""
+    return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
 def install_loop() -> str:
