@@ -533,3 +533,16 @@ def test_decisions_are_cached_until_the_acls_change(tmp_path: Path) -> None:
         d.run(change(False))
         assert c.call(ApiKey.CONNECT_GROUP_HEARTBEAT, 0, _heartbeat("g")).error_code \
             == ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+def test_serve_exits_2_naming_a_bad_security_setting(tmp_path: Path, tls_ca: TlsFiles) -> None:  # noqa: F811
+    from tests.daemon_fixture import run_serve
+    done = run_serve(tmp_path / "data", ["--listen", "PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0"],
+                     extra_env={"CONNECT_COORDINATOR_SSL_CERTFILE": str(tmp_path / "missing.pem")})
+    assert done.returncode == 2, done.stderr
+    assert "configuration error: ssl.certfile=" in done.stderr and "no such file" in done.stderr
+    done = run_serve(tmp_path / "data", ["--listen", "SSL://127.0.0.1:0"], extra_env={
+        "CONNECT_COORDINATOR_SSL_CERTFILE": str(tls_ca.server.cert),
+        "CONNECT_COORDINATOR_SSL_KEYFILE": str(tls_ca.client.key)})  # not this certificate's key
+    assert done.returncode == 2, done.stderr
+    assert "cannot load the certificate and its key" in done.stderr
