@@ -33,6 +33,7 @@ from typing import Any
 
 from connect_wire import client_security
 from connect_wire.addresses import Address, parse_bootstrap
+from connect_wire.cliutil import StrictParser, add_version
 from connect_wire.errors import error_name
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
@@ -56,6 +57,16 @@ def _kv(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _task_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tasks") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: a connector has 0 or more tasks")
+    return value
+
+
 def _bootstrap(text: str) -> list[Address]:
     try:
         return parse_bootstrap(text)
@@ -69,7 +80,9 @@ def parser() -> argparse.ArgumentParser:
         description="A KIP-848 'connect' group coordinator: assigns connectors and tasks to "
         "worker processes, moving work incrementally (revoke before assign).",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_version(p, "connect-coordinator")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=StrictParser)
 
     serve = sub.add_parser("serve", help="run the coordinator daemon",
                            description="Run the coordinator: by default one node with its "
@@ -125,7 +138,7 @@ def parser() -> argparse.ArgumentParser:
         c = admin(csub, action, text)
         c.add_argument("--group", required=True, help="the worker group")
         c.add_argument("name", help="connector name")
-        c.add_argument("--tasks", type=int, required=action == "create", metavar="N",
+        c.add_argument("--tasks", type=_task_count, required=action == "create", metavar="N",
                        help="number of tasks")
         c.add_argument("--config", type=_kv, action="append", default=[], metavar="KEY=VALUE",
                        help="connector config entry, e.g. connector.class=module:Class (repeatable)")

@@ -29,16 +29,27 @@ def _replay_hint(a: argparse.Namespace, seed: int) -> str:
             f"--workers {a.workers} --tasks {a.tasks}")
 
 
+SPARK_EXTRA = ("pyspark", "py4j", "pandas", "pyarrow", "matplotlib")
+"""What ``sweep``, ``report`` and ``analyze`` need beyond the package: the ``spark`` extra."""
+
+
 def _delegate(name: str, argv: Sequence[str]) -> int:
     try:
         module = importlib.import_module(f"simulation.{name}")
+        return int(module.main(list(argv)) or 0)
     except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing in SPARK_EXTRA:
+            # Issue 14: the README's install has no Spark; this was a traceback.
+            print(f"python -m simulation {name} needs {missing}, which is not installed: "
+                  "pip install 'connect-coordinator[spark]' (PySpark, pandas, pyarrow, "
+                  "matplotlib; Spark also needs Java 17)", file=sys.stderr)
+            return 2
         if exc.name != f"simulation.{name}":
             raise
         print(f"error: simulation.{name} is not available (simulation/{name}.py is missing)",
               file=sys.stderr)
         return 2
-    return int(module.main(list(argv)) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

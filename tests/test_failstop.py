@@ -100,3 +100,43 @@ def test_long_polls_stay_within_a_third_of_the_session() -> None:
     assert m.heartbeat_request(0).max_wait_ms == 666
     m.heartbeat_interval_ms = 200
     assert m.heartbeat_request(0).max_wait_ms == 200
+
+
+def test_the_stop_budget_is_the_workers_own_and_the_coordinator_holds_exactly_it() -> None:
+    """Issue 14: the stop budget is a setting of its own (Kafka Connect's
+    task.shutdown.graceful.timeout.ms, 5 s by default), not half of an unrelated 60 s timeout.
+    The worker announces twice it as its rebalance timeout, and the coordinator's hold of a
+    fenced member's items is then its session deadline plus exactly that budget."""
+    from tests.group_harness import Harness
+    from tests.test_group_coordinator import ALL, hb, one_worker
+    from worker_client.worker import DEFAULT_STOP_BUDGET_MS
+
+    def worker(**kw: object) -> Worker:
+        return Worker(WorkerConfig(bootstrap=[("h", 1)], group_id="g", **kw))  # type: ignore[arg-type]
+
+    assert DEFAULT_STOP_BUDGET_MS == 5_000
+    for kw, budget in (({}, 5_000), ({"stop_budget_ms": 1_234}, 1_234), ({"stop_budget_ms": 100}, 100),
+                       ({"rebalance_timeout_ms": 60_000}, 30_000),  # the deprecated way
+                       ({"rebalance_timeout_ms": 50}, 100),
+                       ({"stop_budget_ms": 700, "rebalance_timeout_ms": 1_400}, 700)):
+        w = worker(**kw)
+        join = w.membership.heartbeat_request(now_ms())
+        assert (w.stop_budget_ms, join.rebalance_timeout_ms) == (budget, 2 * budget), kw
+        w._guard.close()
+        # What the coordinator makes of it: max(100, timeout // 2) is the budget exactly.
+        h = Harness()
+        one_worker(h, rebalance_timeout_ms=join.rebalance_timeout_ms)  # W1 runs A, B and tasks
+        hb(h, "W1", owned=ALL)
+        deadline = h.group().soft.session_deadline["W1"]
+        h.advance(deadline - h.now + 1)  # the session expires: fenced, its items held
+        assert "W1" not in h.group().members
+        assert h.timers[("hold", "g", "W1")] == deadline + budget, kw
+    for bad in ({"stop_budget_ms": 99}, {"stop_budget_ms": 2**30}, {"stop_budget_ms": 500,
+                                                                    "rebalance_timeout_ms": 2_000},
+                {"rebalance_timeout_ms": 0}):
+        try:
+            worker(**bad)
+        except ValueError as exc:
+            assert "ms" in str(exc), exc
+        else:
+            raise AssertionError(f"{bad} accepted")

@@ -12,10 +12,11 @@ ssl.certfile/ssl.keyfile, ssl.check.hostname) from --client-config FILE (.proper
 and flags; see connect_wire.client_security and docs/security.md.
 
 Exit status: 0 after a clean stop, 1 when the coordinator refused the worker, 2 for a usage or
-configuration error, 3 for a fail-stop (a plugin did not stop within the stop budget, so the
-process ended itself rather than let its work run on two workers; see docs/worker.md), 4 when
-the coordinator refused its credentials or permissions (TLS or SASL authentication failed,
-UNSUPPORTED_SASL_MECHANISM, GROUP_AUTHORIZATION_FAILED): not retried, fix the settings or ACLs.
+configuration error (a --metrics-listen address that cannot be bound included), 3 for a
+fail-stop (a plugin did not stop within the stop budget, so the process ended itself rather
+than let its work run on two workers; see docs/worker.md), 4 when the coordinator refused its
+credentials or permissions (TLS or SASL authentication failed, UNSUPPORTED_SASL_MECHANISM,
+GROUP_AUTHORIZATION_FAILED): not retried, fix the settings or ACLs.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import sys
 
 from connect_wire import client_security
 from connect_wire.addresses import Address, parse_bootstrap
+from connect_wire.cliutil import StrictParser, add_version
 from worker_client import logs
 
 SECURITY_EXIT = 4
 """Exit status when the coordinator refused the worker's credentials or permissions."""
 EXIT_STATUS = ("Exit status: 0 stopped cleanly, 1 refused by the coordinator (e.g. "
-               "UNSUPPORTED_ASSIGNOR), 2 usage or configuration error, 3 fail-stop (a plugin did "
+               "UNSUPPORTED_ASSIGNOR), 2 usage or configuration error (a --metrics-listen address that "
+               "cannot be bound included), 3 fail-stop (a plugin did "
                "not stop within its stop budget; restart the worker), 4 credentials or "
                "permissions refused (TLS or SASL authentication failed, UNSUPPORTED_SASL_MECHANISM, "
                "GROUP_AUTHORIZATION_FAILED; not retried: fix the security settings or the ACLs). "
@@ -46,6 +49,16 @@ def _hostport(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def _ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of milliseconds")
+    return value
 
 
 def _bootstrap(text: str) -> list[Address]:
@@ -60,7 +73,9 @@ def parser() -> argparse.ArgumentParser:
                                 description="A worker of a connect group: runs the connectors and "
                                 "tasks the coordinator assigns it.",
                                 epilog=EXIT_STATUS)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_version(p, "connect-worker")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=StrictParser)
     r = sub.add_parser("run", help="join a group and work until stopped",
                        description="Join a group and work until stopped (SIGTERM/SIGINT).",
                        epilog=EXIT_STATUS)
@@ -81,11 +96,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--max-delay-ms", type=int, default=300_000,
                    help="scheduled.rebalance.max.delay.ms: how long a departed worker's work is held "
                    "(incremental assignor; default 300000, 0 = reassign at once)")
-    r.add_argument("--rebalance-timeout-ms", type=int, default=60_000,
-                   help="time allowed to stop revoked work (default 60000): each stop gets half "
-                   "of it (the stop budget), and the coordinator holds a fenced or crashed worker's "
-                   "work that half past its session before anyone else may start it. A plugin that "
-                   "has not stopped within the budget ends this process (exit status 3)")
+    r.add_argument("--task-shutdown-graceful-timeout-ms", dest="stop_budget_ms", type=_ms,
+                   metavar="MS",
+                   help="the stop budget (Kafka Connect's task.shutdown.graceful.timeout.ms; "
+                   "default 5000, at least 100): how long stopping a connector or task may take. "
+                   "The coordinator holds a fenced or crashed worker's work this long past its "
+                   "session before anyone else may start it (the worker announces twice it as its "
+                   "rebalance timeout). A plugin that has not stopped within it ends this process "
+                   "(exit status 3)")
+    r.add_argument("--rebalance-timeout-ms", type=_ms, metavar="MS",
+                   help="deprecated: sets the stop budget to half of it (the default was 60000, "
+                   "a 30 s budget); use --task-shutdown-graceful-timeout-ms")
     r.add_argument("--session-timeout-ms", type=int, default=10_000,
                    help="the coordinator's session timeout: without a heartbeat this long the worker "
                    "stops its work itself (default 10000, the coordinator's default). It must not "
@@ -123,7 +144,8 @@ async def _run(args: argparse.Namespace) -> int:
         bootstrap=list(dict.fromkeys(a for group in args.bootstrap for a in group)),
         group_id=args.group, member_id=args.member_id,
         instance_id=args.instance_id, worker_url=args.worker_url,
-        rebalance_timeout_ms=args.rebalance_timeout_ms, session_timeout_ms=args.session_timeout_ms,
+        rebalance_timeout_ms=args.rebalance_timeout_ms, stop_budget_ms=args.stop_budget_ms,
+        session_timeout_ms=args.session_timeout_ms,
         long_poll=not args.no_long_poll, max_delay_ms=args.max_delay_ms,
         assignors=[a.strip() for a in args.assignors.split(",") if a.strip()],
         security=security,
@@ -134,7 +156,14 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"connect-worker: {exc}", file=sys.stderr)
         return 2
     if args.metrics_listen:
-        start_http_server(args.metrics_listen[1], args.metrics_listen[0], registry=worker.metrics.registry)
+        host, port = args.metrics_listen
+        try:
+            start_http_server(port, host, registry=worker.metrics.registry)
+        except OSError as exc:  # a busy port: one line naming it, not a traceback (issue 14)
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            print(f"connect-worker: cannot serve metrics on {where} (--metrics-listen): "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 2
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

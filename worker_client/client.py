@@ -326,7 +326,8 @@ class CoordinatorClient:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        raise ConnectionFailed(f"no coordinator found via {self.bootstrap}: {last}")
+        via = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.bootstrap)
+        raise ConnectionFailed(f"no coordinator found via {via}: {last}")
 
     async def _ask_coordinator(self, host: str, port: int) -> tuple[str, int]:
         conn = self._new_connection(host, port)

@@ -8,13 +8,13 @@ I/O around it:
 
 * the **main loop** sends each heartbeat Membership asks for (long-polled on the heartbeat
   connection), feeds the response back, and carries out the actions in order: *revoke* (stop the
-  instances with a deadline derived from the rebalance timeout, call ``on_revoked``, report at
+  instances within the stop budget, call ``on_revoked``, report at
   once), *assign* (fetch the connectors' configs, start the instances, call ``on_assigned``),
   *lost* (stop everything, call ``on_lost``, rejoin with the same member id), *compute*
   (PrepareAssignment → assignor → InstallAssignment on the control connection, in the
   background). Revocations and assignments run one at a time in a task of their own while the
   loop keeps heartbeating (plain, not long-polled), so a stop that takes longer than the session
-  timeout (it may take half the rebalance timeout) does not cost the worker its membership;
+  timeout (it may take the stop budget) does not cost the worker its membership;
   *lost* is carried out at once;
 * a **watchdog** fences the worker itself when it has not had a successful heartbeat for the
   session timeout: it stops all work, since the coordinator may already have handed it to
@@ -41,6 +41,7 @@ import functools
 import inspect
 import itertools
 import os
+import random
 import threading
 import time
 from collections import deque
@@ -187,13 +188,21 @@ class WorkerConfig:
     member_id: str = ""
     instance_id: str | None = None
     worker_url: str | None = None
-    rebalance_timeout_ms: int = 60_000
+    rebalance_timeout_ms: int | None = None
+    """Deprecated way to set the stop budget (half of it, at least 100 ms), as before issue 14;
+    the worker announces twice its stop budget as its rebalance timeout either way."""
     session_timeout_ms: int = 10_000
     long_poll: bool = True
     max_delay_ms: int = 300_000
     assignors: Sequence[str] = ("incremental", "eager")
     request_timeout_ms: int = 30_000
     client_id: str = field(default_factory=lambda: f"connect-worker-{os.getpid()}")
+    stop_budget_ms: int | None = None
+    """The stop budget: how long stopping one instance may take (``stop()`` and the end of its
+    ``run()``), Kafka Connect's ``task.shutdown.graceful.timeout.ms``. Default
+    :data:`DEFAULT_STOP_BUDGET_MS` (5 s), or half ``rebalance_timeout_ms`` when only that is
+    given. The worker announces twice it as its rebalance timeout, from which the coordinator
+    computes the same budget for the hold of a fenced member's items (the fail-stop rule)."""
     security: ClientSecurity | None = None
     """Kafka's client security (TLS, SASL: :mod:`connect_wire.client_security`); None =
     PLAINTEXT. Credentials refused end ``run()`` with :class:`WorkerSecurityFailed`."""
@@ -203,6 +212,38 @@ class WorkerConfig:
     status 3. Replace it only with something that ends the work as surely (e.g. a supervisor
     that kills the process); if it returns, the worker stops heartbeating and ``run()`` raises
     :class:`WorkerFailStopped`, leaving the coordinator to expire the member."""
+
+
+UNREACHABLE_MAX_BACKOFF_MS = 5_000
+"""The longest wait between two attempts to reach a coordinator while holding no lease."""
+UNREACHABLE_WARN_EVERY_S = 30.0
+"""An unreachable coordinator is said at warning at the first failure, then this often."""
+DEFAULT_STOP_BUDGET_MS = 5_000
+"""The default stop budget: Kafka Connect's ``task.shutdown.graceful.timeout.ms`` default."""
+MIN_STOP_BUDGET_MS = 100
+"""The coordinator's floor of the budget it computes (``max(100, rebalance timeout / 2)``)."""
+MAX_STOP_BUDGET_MS = (2**31 - 1) // 2
+"""Twice it must fit the protocol's int32 RebalanceTimeoutMs."""
+
+
+def stop_budget_ms(config: WorkerConfig) -> int:
+    """The worker's stop budget B (validated: ValueError naming the setting). The worker
+    announces ``2 * B`` as its rebalance timeout, so the coordinator's ``max(100, timeout // 2)``
+    is B exactly (and so is the simulator's model of it)."""
+    budget, timeout = config.stop_budget_ms, config.rebalance_timeout_ms
+    if budget is not None:
+        if not MIN_STOP_BUDGET_MS <= budget <= MAX_STOP_BUDGET_MS:
+            raise ValueError(f"the stop budget (task.shutdown.graceful.timeout.ms) must be "
+                             f"{MIN_STOP_BUDGET_MS}-{MAX_STOP_BUDGET_MS} ms, not {budget}")
+        if timeout is not None and timeout != 2 * budget:
+            raise ValueError(f"rebalance timeout {timeout} ms and stop budget {budget} ms disagree: "
+                             "the rebalance timeout is twice the stop budget (give only the budget)")
+        return budget
+    if timeout is not None:
+        if not 0 < timeout <= 2 * MAX_STOP_BUDGET_MS:
+            raise ValueError(f"the rebalance timeout must be 1-{2 * MAX_STOP_BUDGET_MS} ms, not {timeout}")
+        return max(MIN_STOP_BUDGET_MS, timeout // 2)
+    return DEFAULT_STOP_BUDGET_MS
 
 
 def build_assignors(names: Sequence[str], max_delay_ms: int) -> list[Assignor]:
@@ -223,6 +264,7 @@ class Worker:
         assignors: Sequence[Assignor] | None = None, metrics: WorkerMetrics | None = None,
     ) -> None:
         self.config = config
+        self._stop_budget_ms = stop_budget_ms(config)
         self.listener = listener or WorkerRebalanceListener()
         self.assignors = list(assignors) if assignors is not None else build_assignors(
             config.assignors, config.max_delay_ms)
@@ -235,7 +277,7 @@ class Worker:
             assignors=[AssignorAd(a.name, a.minimum_version, a.maximum_version,
                                   a.metadata().reason, a.metadata().version, a.metadata().data)
                        for a in self.assignors],
-            rebalance_timeout_ms=config.rebalance_timeout_ms, member_id=config.member_id,
+            rebalance_timeout_ms=2 * self._stop_budget_ms, member_id=config.member_id,
             instance_id=config.instance_id, worker_url=config.worker_url,
             session_timeout_ms=config.session_timeout_ms, long_poll=config.long_poll,
         )
@@ -253,6 +295,9 @@ class Worker:
         self._running = False
         self._rebalance_started: float | None = None
         self._security_failure: SecurityError | None = None
+        self._unreachable_since: float | None = None  # heartbeats failing without a lease
+        self._unreachable_attempts = 0
+        self._unreachable_warned: float | None = None
         self.stopped = asyncio.Event()
         # Fail-stop: per-stop deadlines (token -> (deadline ms, why)), read by the guard thread.
         self._stop_deadlines: dict[int, tuple[int, str]] = {}
@@ -272,11 +317,11 @@ class Worker:
 
     @property
     def stop_budget_ms(self) -> int:
-        """How long stopping one instance may take: half the rebalance timeout (the other half
-        is for the acknowledgement to reach the coordinator). The coordinator computes the same
-        number from the rebalance timeout this worker announces, and holds a fenced member's
-        items that long past its session deadline."""
-        return max(100, self.config.rebalance_timeout_ms // 2)
+        """How long stopping one instance may take (``WorkerConfig.stop_budget_ms``, default
+        5 s). The worker announces twice it as its rebalance timeout (the other half is for the
+        acknowledgement to reach the coordinator); the coordinator computes this same number
+        from it and holds a fenced member's items that long past its session deadline."""
+        return self._stop_budget_ms
 
     @property
     def heartbeat_answer_budget_s(self) -> float:
@@ -384,13 +429,19 @@ class Worker:
                         raise  # Fix: run() itself was cancelled; this used to be swallowed
                     if self._stop.is_set() or self._failed_stop is not None:
                         continue
-                    backoff_ms = self._retry_delay_ms(int(self.client.backoff_s() * 1000))
-                    self.log.info("heartbeat failed; retrying", error=str(exc) or "cancelled",
-                             retry_in_ms=backoff_ms)
+                    if m.last_success_ms is not None and not m.lease_expired(now_ms()):
+                        # Riding through (a coordinator restart shorter than the lease): the
+                        # retries get denser as the lease runs out; nothing to warn about yet.
+                        backoff_ms = self._retry_delay_ms(int(self.client.backoff_s() * 1000))
+                        self.log.info("heartbeat failed; retrying", error=str(exc) or "cancelled",
+                                      retry_in_ms=backoff_ms)
+                    else:
+                        backoff_ms = self._unreachable(str(exc) or "cancelled")
                     m.on_failure(now_ms(), backoff_ms)
                     continue
                 finally:
                     self._inflight = None
+                self._reachable()
                 if gen != self._lost_gen:
                     # The watchdog fenced us while this answer was on its way (its task done, so
                     # the cancel missed it): it predates the Lost and must not undo it.
@@ -418,6 +469,42 @@ class Worker:
             self.stopped.set()
         if self._failed_stop is not None:
             raise WorkerFailStopped(self._failed_stop)
+
+    def _unreachable(self, error: str) -> int:
+        """A heartbeat failed while the worker holds no lease (it never joined, or its lease
+        ran out): say so at warning, naming the bootstrap addresses, at the first failure and
+        then every :data:`UNREACHABLE_WARN_EVERY_S` (debug in between), and back off
+        exponentially up to :data:`UNREACHABLE_MAX_BACKOFF_MS` (there is no lease to keep).
+        It used to retry two or three times a second forever, each at info (issue 14).
+        Returns the delay before the next attempt, in ms."""
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since, self._unreachable_attempts = now, 0
+        self._unreachable_attempts += 1
+        ceiling = min(UNREACHABLE_MAX_BACKOFF_MS,
+                      self.client.backoff_ms * 2 ** min(self._unreachable_attempts - 1, 16))
+        backoff_ms = int(random.uniform(ceiling / 2, ceiling))
+        fields = {"bootstrap": ",".join(_address(h, p) for h, p in self.config.bootstrap),
+                  "error": error, "attempts": self._unreachable_attempts,
+                  "for_s": round(now - self._unreachable_since, 1), "retry_in_ms": backoff_ms}
+        if self._unreachable_warned is None or now - self._unreachable_warned >= UNREACHABLE_WARN_EVERY_S:
+            self._unreachable_warned = now
+            self.log.warning("cannot reach the coordinator; retrying", **fields)
+        else:
+            self.log.debug("heartbeat failed; retrying", **fields)
+        return backoff_ms
+
+    def _reachable(self) -> None:
+        """A heartbeat was answered: the end of an unreachable spell, if there was one."""
+        if self._unreachable_since is None:
+            return
+        if self._unreachable_warned is not None:
+            self.log.info("reached the coordinator", coordinator=(
+                _address(*self.client.coordinator) if self.client.coordinator else None),
+                attempts=self._unreachable_attempts,
+                after_s=round(time.monotonic() - self._unreachable_since, 1))
+        self._unreachable_since = self._unreachable_warned = None
+        self._unreachable_attempts = 0
 
     def _refused(self, exc: SecurityError) -> None:
         """The coordinator refused this worker's credentials (TLS, SASL) or permissions: stop
@@ -919,6 +1006,10 @@ async def _call(hook: Any, items: frozenset[Item]) -> None:
             await result
     except Exception as exc:  # a listener bug must not break the protocol
         log.error("rebalance listener failed", hook=getattr(hook, "__name__", "?"), error=repr(exc))
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _names(items: frozenset[Item]) -> list[str]:

@@ -1,0 +1,186 @@
+"""The command lines' edges a new user hits (issue 14, "Clean edges"), as real processes:
+versions, a sub-command's own usage, bad values refused by the CLI, busy ports named in one
+line, a failed first start that leaves the partition count open, the simulation's Spark
+commands without Spark, and a worker whose bootstrap cannot be reached."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from connect_wire.cliutil import version
+from tests.daemon_fixture import ROOT, DaemonPool, daemon_env, run_serve
+
+
+def _run(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, env=daemon_env(), cwd=ROOT, timeout=timeout_s, check=False)
+
+
+def worker(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return _run("-m", "worker_client.cli", *args, timeout_s=timeout_s)
+
+
+def coordinator(*args: str) -> subprocess.CompletedProcess[str]:
+    return _run("-m", "coordinator.cli", *args)
+
+
+@contextlib.contextmanager
+def busy_port() -> Iterator[int]:
+    """A port something else listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def test_version_of_both_command_lines() -> None:
+    assert version() not in ("", "unknown")  # (the test environment installs the package)
+    for module, prog in (("worker_client.cli", "connect-worker"), ("coordinator.cli", "connect-coordinator")):
+        r = _run("-m", module, "--version")
+        assert (r.returncode, r.stdout.strip()) == (0, f"{prog} {version()}"), r
+
+
+@pytest.mark.parametrize(("args", "usage"), [
+    (("coordinator.cli", "serve", "--bogus"), "usage: connect-coordinator serve "),
+    (("coordinator.cli", "connectors", "create", "--group", "g", "c", "--tasks", "1", "--bogus"),
+     "usage: connect-coordinator connectors create "),
+    (("coordinator.cli", "groups", "list", "--bogus"), "usage: connect-coordinator groups list "),
+    (("worker_client.cli", "run", "--bootstrap", "h:1", "--group", "g", "--bogus"),
+     "usage: connect-worker run "),
+])
+def test_an_unknown_option_prints_the_sub_commands_usage(args: tuple[str, ...], usage: str) -> None:
+    r = _run("-m", *args)
+    assert r.returncode == 2, r
+    assert r.stderr.startswith(usage), r.stderr  # (was the top-level usage: COMMAND ...)
+    assert r.stderr.rstrip().endswith("error: unrecognized arguments: --bogus"), r.stderr
+
+
+@pytest.mark.parametrize("action", ["create", "update"])
+def test_a_negative_task_count_is_refused_by_the_cli(action: str) -> None:
+    # No coordinator at that address: the CLI refuses it before connecting (exit 2, not 1).
+    r = coordinator("connectors", action, "--bootstrap", "127.0.0.1:1", "--group", "g", "c",
+                    "--tasks", "-1")
+    assert r.returncode == 2, r
+    assert "argument --tasks: -1: a connector has 0 or more tasks" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_worker_busy_metrics_port_is_one_line_naming_it() -> None:
+    with busy_port() as port:
+        r = worker("run", "--bootstrap", "127.0.0.1:1", "--group", "g",
+                   "--metrics-listen", f"127.0.0.1:{port}", "--log-level", "warning")
+    assert r.returncode == 2, r
+    assert r.stderr.strip().splitlines() == [
+        f"connect-worker: cannot serve metrics on 127.0.0.1:{port} (--metrics-listen): "
+        "Address already in use"], r.stderr
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (("--task-shutdown-graceful-timeout-ms", "99"), "must be 100-"),
+    (("--task-shutdown-graceful-timeout-ms", "0"), "not a positive number"),
+    (("--task-shutdown-graceful-timeout-ms", "500", "--rebalance-timeout-ms", "3000"), "disagree"),
+])
+def test_worker_refuses_a_bad_stop_budget(flags: tuple[str, ...], says: str) -> None:
+    r = worker("run", "--bootstrap", "127.0.0.1:1", "--group", "g", *flags)
+    assert r.returncode == 2 and says in r.stderr, r
+
+
+def test_a_failed_first_start_does_not_fix_the_partition_count(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with busy_port() as port:
+        r = run_serve(data, ["--metrics-listen", f"127.0.0.1:{port}"])  # (serve_command's is overridden)
+        assert r.returncode == 1, r
+        assert f"cannot start: cannot serve metrics on 127.0.0.1:{port} (metrics.listener): " \
+               "Address already in use" in r.stderr, r.stderr
+        assert not (data / "partitions").exists()
+        r = run_serve(data, ["--listen", f"127.0.0.1:{port}", "--partitions", "4"])
+        assert r.returncode == 1, r
+        assert f"cannot start: cannot listen on 127.0.0.1:{port} (listener PLAINTEXT): " \
+               "Address already in use" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        assert not (data / "partitions").exists()
+    # The first start that does start decides: 3 partitions, then fixed.
+    with DaemonPool(tmp_path) as pool:
+        d = pool.start(data, extra_args=["--partitions", "3"])
+        assert d.partitions == 3 and (data / "partitions").read_text() == "3\n"
+        d.stop()
+    r = run_serve(data, ["--partitions", "5"])
+    assert r.returncode == 2 and "was created with 3 partitions" in r.stderr, r
+
+
+@pytest.mark.parametrize("command", ["sweep", "report", "analyze"])
+def test_simulation_spark_commands_without_spark_say_what_to_install(command: str, tmp_path: Path) -> None:
+    (tmp_path / "partition-0").mkdir()  # (analyze checks its data dir first)
+    argv = {"sweep": ["--seeds", "1", "--out", str(tmp_path / "o")],
+            "report": ["--in", str(tmp_path), "--out", str(tmp_path / "r")],
+            "analyze": ["--data-dir", str(tmp_path)]}[command]
+    # An interpreter where PySpark and pandas cannot be imported (as after the README's install).
+    code = ("import sys; sys.modules['pyspark'] = None; sys.modules['pandas'] = None; "
+            "from simulation.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    r = _run("-c", code, command, *argv, timeout_s=120)
+    assert r.returncode == 2, r
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith(f"python -m simulation {command} needs "), r.stderr
+    assert "pip install 'connect-coordinator[spark]'" in r.stderr, r.stderr
+
+
+def test_worker_with_an_unreachable_bootstrap_warns_naming_it_and_backs_off(tmp_path: Path) -> None:
+    with busy_port() as port:  # (closed right away: nobody listens there any more)
+        pass
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap",
+             f"127.0.0.1:{port},localhost:{port}", "--group", "g"],
+            stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=daemon_env(), cwd=ROOT)
+    try:
+        time.sleep(8.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(10)
+    assert code == 0, log.read_text()
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    warnings = [e for e in events if e["level"] == "warning"]
+    assert [e["event"] for e in warnings] == ["cannot reach the coordinator; retrying"], events
+    w = warnings[0]
+    assert w["bootstrap"] == f"127.0.0.1:{port},localhost:{port}" and w["attempts"] == 1
+    assert f"no coordinator found via 127.0.0.1:{port}, localhost:{port}" in w["error"] \
+        or f"no coordinator found via localhost:{port}, 127.0.0.1:{port}" in w["error"], w
+    # Nothing at info per attempt (it was 2-3 info lines a second, forever).
+    assert not [e for e in events if e["event"] == "heartbeat failed; retrying"], events
+
+
+def test_worker_attempts_back_off_when_unreachable(tmp_path: Path) -> None:
+    with busy_port() as port:
+        pass
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", f"127.0.0.1:{port}",
+             "--group", "g", "--log-level", "debug"],
+            stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=daemon_env(), cwd=ROOT)
+    try:
+        time.sleep(8.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    attempts = [e for e in events if e["event"] in ("cannot reach the coordinator; retrying",
+                                                     "heartbeat failed; retrying")]
+    delays = [e["retry_in_ms"] for e in attempts]
+    # Backing off: 50-100 ms doubling to 2.5-5 s, so at most 8 attempts in 8 s (it was 20-25).
+    assert 3 <= len(attempts) <= 8, delays
+    assert [e["attempts"] for e in attempts] == list(range(1, len(attempts) + 1))
+    for n, d in enumerate(delays):
+        ceiling = min(5000, 100 * 2**n)
+        assert ceiling / 2 <= d <= ceiling, (n, delays)
