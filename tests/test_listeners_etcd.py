@@ -71,14 +71,17 @@ def test_metadata_and_find_coordinator_per_listener_on_etcd(tmp_path: Path,
         external = {n: d.listeners["EXTERNAL"] for n, d in nodes.items() if n != 3}
         asked_internal, asked_external = internal[1], external[1]
         deadline = time.monotonic() + 30
-        while True:  # until the three nodes are registered and own every partition
+        previous: dict[str, tuple[int, int, str, int]] = {}
+        while True:  # until the three nodes own every partition and the placement is settled
             found = _coordinators(asked_internal)
             if (len(_metadata(asked_internal)) == 3
                     and all(code == 0 for code, *_ in found.values())
-                    and {n for _, n, _, _ in found.values()} == {1, 2, 3}):
+                    and {n for _, n, _, _ in found.values()} == {1, 2, 3}
+                    and found == previous):
                 break
+            previous = found
             assert time.monotonic() < deadline, found
-            time.sleep(0.2)
+            time.sleep(0.5)
         assert _metadata(asked_internal) == [(n, *internal[n]) for n in (1, 2, 3)]
         assert _metadata(asked_external) == [(n, *external[n]) for n in (1, 2)]
         owners = {g: n for g, (_, n, _, _) in found.items()}
