@@ -286,6 +286,7 @@ class Worker:
         self._stopping: dict[Item, asyncio.Future[None]] = {}  # stops in progress
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
+        self._kick = asyncio.Event()  # stop() queued the drain: start it without the heartbeat
         self._inflight: asyncio.Task[Any] | None = None
         self._lost_gen = 0  # bumped by the watchdog: an answer to an older request is stale
         self._compute: asyncio.Task[None] | None = None
@@ -419,7 +420,7 @@ class Worker:
                     req, "heartbeat", extra_timeout_s=req.max_wait_ms / 1000,
                     timeout_s=self.heartbeat_answer_budget_s))
                 try:
-                    resp = await self._inflight
+                    resp = await self._await_inflight(self._inflight)
                 except SecurityError as exc:
                     self._refused(exc)
                     continue
@@ -469,6 +470,29 @@ class Worker:
             self.stopped.set()
         if self._failed_stop is not None:
             raise WorkerFailStopped(self._failed_stop)
+
+    async def _await_inflight(self, inflight: asyncio.Task[Any]) -> Any:
+        """The heartbeat's answer. Meanwhile, a drain that :meth:`stop` queued starts at once:
+        it used to wait for the parked long poll to be answered, so SIGTERM took up to the
+        heartbeat interval (3 s) even for a worker with nothing to stop (issue 14)."""
+        while True:
+            self._kick.clear()
+            kick = asyncio.ensure_future(self._kick.wait())
+            try:
+                await asyncio.wait({inflight, kick}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                inflight.cancel()  # (as awaiting it did: run() itself is cancelled)
+                raise
+            finally:
+                kick.cancel()
+            if inflight.done():
+                return inflight.result()
+            acting = self._acting
+            if acting is not None and acting.done():
+                self._acting = None
+                acting.result()  # (as the loop does: a bug in an action is not swallowed)
+            if self._acting is None and self._pending:
+                self._acting = asyncio.create_task(self._act(self._pending.popleft()))
 
     def _unreachable(self, error: str) -> int:
         """A heartbeat failed while the worker holds no lease (it never joined, or its lease
@@ -937,16 +961,22 @@ class Worker:
             self._draining = True
             self._pending.append(Revoke(frozenset(self.instances) | self.membership.owned))
             self._wake.set()
+            self._kick.set()
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.stop_deadline_s * 2 + 2
+
+            def acting() -> bool:  # (a finished action counts as done: the loop may be parked)
+                return self._acting is not None and not self._acting.done()
+
             while self._running and loop.time() < deadline and (
-                    self.instances or self._pending or self._acting is not None):
-                if self.instances and not self._pending and self._acting is None:
+                    self.instances or self._pending or acting()):
+                if self.instances and not self._pending and not acting():
                     # Fix (found by the simulator, "stop-during-assign"): an assignment that
                     # was still fetching its configs when the Revoke above was queued started
                     # its instances afterwards; drain those too, through the loop.
                     self._pending.append(Revoke(frozenset(self.instances) | self.membership.owned))
                     self._wake.set()
+                    self._kick.set()
                 await asyncio.sleep(0.02)
         self._stop.set()
         if self._inflight is not None:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -786,7 +787,10 @@ class CoordinatorServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+            # Not waited for: shutdown() returns only at serve_forever's next poll, up to 0.5 s
+            # later (most of a SIGTERM's time, issue 14). The socket closes now; the daemon
+            # thread ends at that poll or with the process.
+            threading.Thread(target=self._metrics_server.shutdown, daemon=True).start()
             self._metrics_server.server_close()
         if self._lock is not None:
             self._lock.release()
