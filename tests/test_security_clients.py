@@ -28,8 +28,6 @@ import pytest
 from tests.daemon_fixture import Daemon, run_cli, start
 from tests.tls_fixture import TlsFiles, tls_ca  # noqa: F401 (the fixture)
 
-pytest.importorskip("confluent_kafka")
-
 USERS = {"alice": "alice-pw", "bob": "bob-pw"}  # both mechanisms each
 WORKER_CERT_PRINCIPAL = "User:OU=ops,CN=worker-1"  # tls_ca's client certificate, as Kafka writes it
 GROUPS = ("orders", "payments", "secret")

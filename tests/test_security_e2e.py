@@ -18,13 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import config as cfg
 from coordinator.security.scram import credential_from_password
 from coordinator.security.store import read_offline
 from tests.daemon_fixture import Daemon, DaemonPool, run_cli
 from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
-
-HAS_AUTHORIZER = "authorizer" in cfg.BY_NAME
 
 
 @pytest.fixture
@@ -185,7 +182,6 @@ def test_kafka_python_admin_client(pool: DaemonPool) -> None:
         admin.close()
 
 
-@pytest.mark.skipif(not HAS_AUTHORIZER, reason="the authorizer setting is not there yet")
 def test_cluster_permission_with_authorizer_acl(tmp_path: Path, pool: DaemonPool) -> None:
     env = {"CONNECT_COORDINATOR_AUTHORIZER": "acl"}
     d = pool.start(tmp_path / "a", extra_env=env)
@@ -255,7 +251,6 @@ def test_two_nodes_on_etcd_share_users_and_acls(tmp_path: Path, pool: DaemonPool
     assert set(users(a)) == {"alice"} and acls(a) == [acl]
 
 
-@pytest.mark.skipif(not HAS_AUTHORIZER, reason="the authorizer setting is not there yet")
 def test_users_authenticate_with_scram_and_acls_decide(tmp_path: Path) -> None:
     """The credentials and ACLs of this state behind the transport's SASL: an administrator
     added offline authenticates with SCRAM-SHA-512 (kafka-python) and, as a super user, adds a
