@@ -165,6 +165,20 @@ class Conn:
         return self.state == "open"
 
 
+class Find:
+    """One FindCoordinator of a worker's client (CoordinatorClient._find_coordinator since
+    72dc392): every bootstrap node asked at once for the connection ``conn``; ``left`` are the
+    nodes whose ask has not ended yet (failed, or answered an error)."""
+
+    __slots__ = ("conn", "begun", "left", "done")
+
+    def __init__(self, conn: Conn, begun: int, nodes: list[str]) -> None:
+        self.conn = conn
+        self.begun = begun
+        self.left = list(nodes)
+        self.done = False
+
+
 # == the coordinator ======================================================================================
 
 
@@ -1425,14 +1439,15 @@ class SimWorker:
     # -- the client: two connections, reconnect with backoff -------------------------------------------
     @property
     def heartbeat_answer_budget(self) -> int:
-        """Worker.heartbeat_answer_budget_s (ff1e79c): a heartbeat's answer may take this long
+        """Worker.heartbeat_answer_budget_s (72dc392): a heartbeat's answer may take this long
         beyond its MaxWaitMs, then the connection is given up and the coordinator looked up
-        again: a fifth of the session (1 s to the request timeout). It was the request timeout
-        (30 s), and a frozen or unreachable coordinator node held the worker past its session."""
+        again: a tenth of the session (1 s to the request timeout). It was the request timeout
+        (30 s) before ff1e79c, and a frozen or unreachable coordinator node held the worker past
+        its session; a fifth of the session from ff1e79c to 72dc392."""
         sc = self.sim.scenario
         if sc.heartbeat_timeout_ms:
             return sc.heartbeat_timeout_ms
-        return min(sc.request_timeout_ms, max(1_000, sc.session_timeout_ms // 5))
+        return min(sc.request_timeout_ms, max(1_000, sc.session_timeout_ms // 10))
 
     def retry_delay(self, delay: int) -> int:
         """Worker._retry_delay_ms (ff1e79c): the wait before the next heartbeat after a failed one
@@ -1586,6 +1601,9 @@ class Simulation:
         self.node_frozen_until = dict.fromkeys(self.node_names, 0)
         self.node_host_lost = dict.fromkeys(self.node_names, False)
         self.node_etcd_cut_until = dict.fromkeys(self.node_names, 0)
+        self.node_quiet: dict[str, tuple[int, int]] = {}
+        """Per node, its last stretch without lease renewals (frozen or cut off from etcd): the
+        last renewal's send before it and its end (FindCoordinator's answers, _lease_in_doubt)."""
         self.store = Store()
         self.acked: dict[Any, Any] = {}
         """With several nodes: what the owners committed (the store must hold exactly this)."""
@@ -1646,6 +1664,9 @@ class Simulation:
     def connect(self, w: SimWorker, kind: str) -> Conn:
         self._cids += 1
         conn = Conn(self._cids, w, kind, self.coord)
+        if self.multi and not w.coordinator_known and self.scenario.find_parallel and w is not self.admin:
+            self._find_parallel(w, conn)
+            return conn
         rtt = self.latency() + self.latency()
         if not w.coordinator_known:  # FindCoordinator first
             rtt += self._find_coordinator_ms() if self.multi else self.latency() + self.latency()
@@ -2107,7 +2128,13 @@ class Simulation:
 
     def freeze_node(self, node: str, until: int) -> None:
         """SIGSTOP: the node's process handles nothing until ``until`` (its sockets buffer)."""
+        if self.node_frozen_until[node] <= self.now:  # its lease was last renewed before this
+            c = self.coord
+            renewed = c.lease_sent if c.node == node and c.up and c.owner else self.now
+        else:
+            renewed = self.node_quiet[node][0]
         self.node_frozen_until[node] = max(self.node_frozen_until[node], until)
+        self.node_quiet[node] = (renewed, self.node_frozen_until[node])
         self.at(until, self._node_woke, node, until)
         for inst in self.instances:
             if inst.node == node and inst.up:
@@ -2129,6 +2156,7 @@ class Simulation:
             return
         self.node_alive[node] = False
         self.node_frozen_until[node] = 0
+        self.node_quiet.pop(node, None)  # (back, a new process with a new lease)
         self.trace("node_down", detail=node)
         for inst in self.instances:
             if inst.node == node and inst.up:
@@ -2189,6 +2217,7 @@ class Simulation:
         elif kind == "owner_failover" and fault.detail == "etcd":
             self.trace("etcd_cut", detail=f"{c.node} cannot reach etcd for {fault.duration_ms} ms")
             self.node_etcd_cut_until[c.node] = self.now + fault.duration_ms
+            self.node_quiet[c.node] = (c.lease_sent, self.now + fault.duration_ms)
         elif kind == "owner_failover":
             self._exit_node(c.node, fault.duration_ms + self.rng_nodes.randint(1_000, 5_000))
         elif kind == "deposed_late_write":
@@ -2199,8 +2228,110 @@ class Simulation:
                 self.trace("owner_frozen", detail=f"{c.node} for {fault.duration_ms} ms (idle)")
                 self.freeze_node(c.node, self.now + fault.duration_ms)
 
+    # -- FindCoordinator (several nodes) ---------------------------------------------------------------
+    def _find_parallel(self, w: SimWorker, conn: Conn) -> None:
+        """CoordinatorClient._find_coordinator since 72dc392, then the connect: every bootstrap
+        node is asked at once (:meth:`_find_begin`). A partitioned worker's asks wait for the heal
+        (TCP retransmits), within the request timeout, as its other connects do."""
+        sc = self.scenario
+        if w.part_start <= self.now < w.part_end:
+            if w.part_end > self.now + sc.request_timeout_ms:
+                w.at(self.now + sc.request_timeout_ms, self._connect_done, conn, False)
+            else:
+                w.at(w.part_end, self._find_begin, conn)
+            return
+        self._find_begin(conn)
+
+    def _find_begin(self, conn: Conn) -> None:
+        """Each node's ask (``_ask_coordinator``): connect, FindCoordinator, within the discovery
+        timeout. An unreachable host fails at the connect timeout, a dead node refuses at once, a
+        frozen one (its kernel accepts the connection) handles the request when it wakes; a live
+        one answers the owner the store has (:meth:`_find_reaches`). The first answer naming one
+        wins and the worker connects there (one more round trip, :meth:`_connect_done`); when
+        every ask has failed or answered an error, the connection fails (ConnectionFailed) at
+        the last one's end."""
+        if conn.state != "connecting":
+            return
+        sc = self.scenario
+        w = conn.worker
+        order = list(self.node_names)
+        self.rng_nodes.shuffle(order)  # (random.sample of the bootstrap list: the asks' order)
+        find = Find(conn, self.now, order)
+        timeout = min(sc.find_timeout_ms, sc.request_timeout_ms)
+        for node in order:
+            if self.node_host_lost[node]:  # no RST: the TCP connect times out
+                w.at(self.now + min(CONNECT_TIMEOUT_MS, sc.request_timeout_ms), self._find_failed, find, node)
+            elif not self.node_alive[node]:  # refused
+                w.at(self.now + self.latency(), self._find_failed, find, node, io=True)
+            else:
+                w.at(self.now + timeout, self._find_failed, find, node)  # the discovery timeout
+                self.at(self.now + self.latency(), self._find_reaches, find, node)
+
+    def _find_reaches(self, find: Find, node: str) -> None:
+        """The FindCoordinator request reaches ``node``: handled now, or when it wakes if frozen
+        (its socket buffers it; its input comes before its timers, so before the renewal that
+        waited); nothing comes back from a node killed or cut off meanwhile."""
+        if find.done or node not in find.left:
+            return
+        if self.node_host_lost[node]:
+            return  # the discovery timeout ends it
+        if not self.node_alive[node]:
+            find.conn.worker.at(self.now + self.latency(), self._find_failed, find, node, io=True)
+            return
+        if self.node_frozen_until[node] > self.now:
+            self.at(self.node_frozen_until[node], self._find_reaches, find, node)
+            return
+        names = self.store.token != 0 and not self._lease_in_doubt(node)
+        find.conn.worker.at(self.now + self.latency(), self._find_answered, find, node, names, io=True)
+
+    def _lease_in_doubt(self, node: str) -> bool:
+        """ClusterNode.locate: a node whose own lease is in doubt (remaining <= the margin: it has
+        not renewed for TTL - margin, frozen or cut off from etcd) names nobody (its view of the
+        owners may be stale): COORDINATOR_NOT_AVAILABLE."""
+        quiet = self.node_quiet.get(node)
+        if quiet is None or not self.scenario.lease_checked:
+            return False
+        renewed, until = quiet
+        sc = self.scenario
+        return renewed + sc.lease_ttl_ms - sc.lease_margin_ms <= self.now <= until
+
+    def _find_answered(self, find: Find, node: str, names: bool) -> None:
+        if find.done or node not in find.left:
+            return
+        if not names:  # COORDINATOR_NOT_AVAILABLE (nobody owns the partition now): wait for the others
+            wait = self.scenario.find_error_wait_ms
+            if wait >= 0 and len(find.left) > 1:  # (what-if: give the others only that long)
+                find.conn.worker.at(self.now + wait, self._find_give_up, find)
+            self._find_failed(find, node)
+            return
+        find.done = True
+        conn = find.conn
+        if conn.state != "connecting":
+            return
+        conn.worker.at(self.now + self.latency() + self.latency(), self._connect_done, conn, True)
+
+    def _find_give_up(self, find: Find) -> None:
+        if not find.done:
+            find.left.clear()
+            self._find_no_coordinator(find)
+
+    def _find_failed(self, find: Find, node: str) -> None:
+        if find.done or node not in find.left:
+            return
+        find.left.remove(node)
+        if not find.left:
+            self._find_no_coordinator(find)
+
+    def _find_no_coordinator(self, find: Find) -> None:
+        """Every ask failed or answered an error: ConnectionFailed("no coordinator found via ...");
+        the worker retries after its backoff (at most a quarter of what is left of its lease)."""
+        find.done = True
+        if find.conn.state == "connecting":
+            find.conn.worker.fail_conn(find.conn, "no coordinator found")
+
     def _find_coordinator_ms(self) -> int:
-        """CoordinatorClient._find_coordinator over the bootstrap list (every node, in random
+        """CoordinatorClient._find_coordinator before 72dc392 (``find_parallel=False``) and
+        AdminSession.find_coordinator: over the bootstrap list one node after another (in random
         order): a dead node refuses at once; a frozen one accepts the connection (its kernel
         does) and answers when it wakes, or the request times out and the next is asked."""
         order = list(self.node_names)

@@ -65,11 +65,23 @@ class Scenario:
     client_max_backoff_ms: int = 1_000  # CoordinatorClient's reconnect backoff ceiling (was 5 s)
     heartbeat_timeout_ms: int = 0
     """How long a heartbeat waits for its answer beyond its MaxWaitMs before the worker gives up
-    the connection (and finds the coordinator again). 0: the worker's (since ff1e79c), a fifth of
-    the session, 1 s to the request timeout; before it was the request timeout (30 s)."""
+    the connection (and finds the coordinator again). 0: the worker's (since 72dc392), a tenth of
+    the session, 1 s to the request timeout; from ff1e79c to 72dc392 a fifth (what-if: 2_000 with
+    the default session), before ff1e79c the request timeout (30 s)."""
     find_timeout_ms: int = 2_000
-    """How long FindCoordinator waits for a bootstrap node's answer before it asks the next one
-    (CoordinatorClient's discovery timeout since ff1e79c; it was the request timeout, 30 s)."""
+    """How long FindCoordinator waits for one bootstrap node's answer (CoordinatorClient's
+    discovery timeout since ff1e79c; it was the request timeout, 30 s)."""
+    find_parallel: bool = True
+    """FindCoordinator asks every bootstrap node at once and the first answer naming a coordinator
+    wins (CoordinatorClient since 72dc392); it fails when every node has failed or answered an
+    error. False (what-if: the worker before 72dc392, modelled as then): one node after another
+    in random order, each given ``find_timeout_ms``, the owner taken from the store when the
+    connection to it is made."""
+    find_error_wait_ms: int = -1
+    """What-if: once a node has answered FindCoordinator with an error (nobody owns the partition
+    now), wait at most this long for another node's answer naming one, then fail (and retry after
+    the backoff). -1: wait for every ask to end, as CoordinatorClient does since 72dc392 (a frozen
+    node's ask then holds the failure for its whole discovery timeout)."""
     retry_within_lease: bool = True
     """The worker retries a failed heartbeat (or a retriable error) after at most a quarter of
     what is left of its lease (Worker._retry_delay_ms, ff1e79c); False: the plain backoff, as

@@ -189,15 +189,18 @@ def test_without_the_fence_a_deposed_owners_late_write_is_caught(assignor: str) 
 
 def test_without_the_fence_a_later_load_replays_epochs_that_went_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seed 0: n1 is frozen at 10,090 with w003's join (4 records) in flight; n2 owns the
-    partition from 15,003 and w003 joins there (epoch 4); n1 wakes at 25,006 and, unfenced, its
-    write puts w003's member record back at epoch 3; the next owner (n1 again, after a handover at
-    39,493) replays a member epoch that went back."""
+    """Seed 0: n1 is frozen at 10,405 with w003's join (4 records, w003 at epoch 4) in flight; n2
+    owns the partition from 15,009 and w003 joins there (epoch 4, then 5 after the rebalance); n1
+    wakes at 25,321 and, unfenced, its write puts w003's member record back at epoch 4; the next
+    owner (n1 again, after a handover at 39,811) replays a member epoch that went back.
+    (Re-pinned for 72dc392's worker: the same sequence one epoch later, 5 -> 4, where the worker
+    of ff1e79c gave 4 -> 3; FindCoordinator's asks draw the random streams differently, so the
+    formation and every time after it moved.)"""
     monkeypatch.setattr(Simulation, "check_store", lambda self, where: None)
     unfenced = SCENARIOS["deposed-owner"].with_(fenced_writes=False)
     violation = str(Simulation(unfenced, "eager", 3, 12, 0).run().metrics["violation"])
     assert "state replayed from the log breaks invariants" in violation
-    assert "member w003 epoch went back 4 -> 3" in violation
+    assert "member w003 epoch went back 5 -> 4" in violation
     caught = [seed for seed in range(30) if "breaks invariants" in str(
         Simulation(unfenced, "incremental", 3, 12, seed).run().metrics["violation"])]
     assert len(caught) >= 5, caught
@@ -208,11 +211,11 @@ def test_without_the_lease_check_an_owner_cut_off_from_etcd_runs_tasks_twice(ass
     """coordinator-isolated with the owner's lease check off (``lease_checked=False``, test only:
     it neither checks its lease before answering nor gives the partition up when it cannot renew
     it; it learns it was deposed only from a refused write). Seed 10, eager: n1 is cut off from
-    etcd at 2,071 (for 4.8 s), the workers still reach it. It goes on answering their steady
+    etcd at 2,333 (for 4.8 s), the workers still reach it. It goes on answering their steady
     heartbeats (no write, so nothing is ever refused); etcd expires its lease at 6,671 and n2
-    loads the partition at 6,858; the workers stay on n1, whose answers keep their leases
+    loads the partition at 7,023; the workers stay on n1, whose answers keep their leases
     running. n2 hears nothing from them, expires them (session 10 s), holds their items for the
-    stop budget and gives all 14 to w003, which joins at 19,959 (FindCoordinator names n2):
+    stop budget and gives all 14 to w003, which joins at 20,221 (FindCoordinator names n2):
     c00000 runs on w000 and w003 at once. With the check, n1 unloads at 6,166 (its last renewal
     sent at 1,666 + 5 s - the 0.5 s margin), before etcd can expire the lease, and the workers
     move to n2."""
@@ -240,16 +243,89 @@ def test_without_the_lease_check_an_owner_cut_off_from_etcd_runs_tasks_twice(ass
 
 @pytest.mark.parametrize("assignor", ASSIGNORS)
 def test_a_failover_with_a_5_s_ttl_can_outlast_the_workers_leases(assignor: str) -> None:
-    """coordinator-failover seed 7 (eager's times): n1 killed at 8,706. w002's long poll in flight
-    was sent at 6,395, so its lease counts from the heartbeat answered before it (3,392) and ends
-    at 13,392. Its retries come ever faster (a quarter of the lease left), but n1's lease expires
-    only at 13,332 and n3 is loading until 13,682: all three workers fence themselves and stop
-    all their work, although the outage (5 s) is half the session. With a 2 s lease TTL (the
-    daemon's default since 66c0432) the same schedule stops nothing (docs/simulation.md)."""
-    result = run("coordinator-failover", assignor, 3, 12, 7, trace=True)
+    """coordinator-failover seed 13 (eager's times): n3, the owner, killed at 26,930. w002's long
+    poll in flight was sent at 24,526, so its lease counts from the heartbeat answered before it
+    (21,518) and ends at 31,518. Its retries come ever faster (a quarter of the lease left), but
+    n3's lease expires only at 31,714 and n2 is loading until 31,955: all three workers fence
+    themselves (31,518-31,735) and stop all their work, although the outage (5 s) is half the
+    session. With a 2 s lease TTL (the daemon's default since 66c0432) the same schedule stops
+    nothing (docs/simulation.md). (Seed 7 showed this with the worker of ff1e79c; with 72dc392's
+    FindCoordinator the random streams are drawn differently and its eager run no longer fences.)"""
+    result = run("coordinator-failover", assignor, 3, 12, 13, trace=True)
     assert result.metrics["violation"] == "" and result.extra["self_fences"] == 3
-    fenced = [e for e in result.events if e["kind"] == "self_fenced"]
-    loaded = [e for e in result.events if e["kind"] == "coordinator_loaded"]
-    assert int(fenced[0]["t_ms"]) < int(loaded[0]["t_ms"])
-    short = Simulation(SCENARIOS["coordinator-failover"].with_(lease_ttl_ms=2_000), assignor, 3, 12, 7).run()
+    ev = result.events
+    fenced = next(k for k, e in enumerate(ev) if e["kind"] == "self_fenced")
+    killed = max(k for k, e in enumerate(ev[:fenced]) if e["kind"] == "node_down")
+    loaded = next(e for e in ev[killed:] if e["kind"] == "coordinator_loaded")
+    assert int(ev[fenced]["t_ms"]) < int(loaded["t_ms"])
+    outage = int(loaded["t_ms"]) - int(ev[killed]["t_ms"])
+    assert outage < SCENARIOS["coordinator-failover"].session_timeout_ms
+    short = Simulation(SCENARIOS["coordinator-failover"].with_(lease_ttl_ms=2_000), assignor, 3, 12, 13).run()
     assert short.metrics["violation"] == "" and short.extra["self_fences"] == 0
+
+
+# -- the worker of 72dc392: FindCoordinator to every node at once, a tenth of the session -------------
+
+
+@pytest.mark.parametrize(("session", "request_timeout", "budget"), [
+    (10_000, 30_000, 1_000), (30_000, 30_000, 3_000), (6_000, 30_000, 1_000), (300_000, 20_000, 20_000)])
+def test_the_heartbeat_answer_budget_is_a_tenth_of_the_session(session: int, request_timeout: int,
+                                                               budget: int) -> None:
+    """Worker.heartbeat_answer_budget_s since 72dc392: session/10, at least 1 s, at most the request
+    timeout (a fifth before; ``heartbeat_timeout_ms`` overrides it, what-if)."""
+    sc = SCENARIOS["deposed-owner-short"].with_(session_timeout_ms=session,
+                                                request_timeout_ms=request_timeout)
+    assert Simulation(sc, "eager", 1, 0, 0).workers[0].heartbeat_answer_budget == budget
+    what_if = Simulation(sc.with_(heartbeat_timeout_ms=2_000), "eager", 1, 0, 0)
+    assert what_if.workers[0].heartbeat_answer_budget == 2_000
+
+
+@pytest.mark.parametrize("assignor", ASSIGNORS)
+def test_a_frozen_owner_stops_no_work_with_the_defaults(assignor: str) -> None:
+    """deposed-owner-short (the owner frozen 6-8 s while idle) with the daemon's 2 s TTL: with the
+    worker of 72dc392 no worker fences itself (0 of 300 seeds per assignor, docs/simulation.md);
+    with the worker of ff1e79c (``find_parallel=False``: one bootstrap node after another, the
+    frozen one costing its 2 s discovery timeout; a heartbeat's answer budget of session/5) about
+    half the runs had one (167 and 170 of 300)."""
+    sc = SCENARIOS["deposed-owner-short"].with_(lease_ttl_ms=2_000)
+    before = sc.with_(find_parallel=False, heartbeat_timeout_ms=2_000)
+    for seed in range(20):
+        m = Simulation(sc, assignor, 3, 12, seed).run()
+        assert m.metrics["violation"] == "" and m.metrics["converged"] and m.extra["self_fences"] == 0, seed
+    fenced = [seed for seed in range(20)
+              if Simulation(before, assignor, 3, 12, seed).run().extra["self_fences"]]
+    assert len(fenced) >= 5, fenced
+
+
+def test_a_find_during_a_handover_waits_for_the_frozen_nodes_discovery_timeout() -> None:
+    """What the model still finds with the worker of 72dc392 (docs/simulation.md): FindCoordinator
+    fails only when every ask has ended, so while nobody owns the partition (a handover, or
+    between a lease's expiry and the next acquire: up to 100 ms) the live nodes' answers
+    (COORDINATOR_NOT_AVAILABLE) wait for a frozen node's 2 s discovery timeout.
+
+    deposed-owner eager 3 x 12 seed 61, 2 s TTL: n1 frozen 27,647-43,906 (a write in flight), n3
+    (the next owner) frozen 37,835-44,108; n2 owns the partition from 39,324. w000's lease runs
+    from the heartbeat it sent at 32,023 to 42,023. Its long poll on n3 (sent 35,029) times out at
+    39,029 (MaxWait 3 s + 1 s); FindCoordinator at 39,100 still names n3 (its lease is valid in
+    etcd until 39,306) and that heartbeat times out at 40,107; a handover releases the partition
+    at 40,432 (n2 takes it again at 40,511); w000's FindCoordinator at 40,454: n2 answers
+    COORDINATOR_NOT_AVAILABLE at 40,460, n1 and n3 are silent, the find fails only at 42,454 --
+    w000 fences itself at 42,023. Failing the find at the first error answer (what-if
+    ``find_error_wait_ms=0``): it retries at 40,640, n2 names itself, nobody fences."""
+    sc = SCENARIOS["deposed-owner"].with_(lease_ttl_ms=2_000)
+    result = Simulation(sc, "eager", 3, 12, 61, trace=True).run()
+    assert result.metrics["violation"] == "" and result.extra["self_fences"] == 1
+    ev = result.events
+    fence = next(e for e in ev if e["kind"] == "self_fenced")
+    assert (fence["worker"], fence["t_ms"]) == ("w000", 42_023)
+    sent = max(int(e["t_ms"]) for e in ev if e["kind"] == "heartbeat" and e["worker"] == "w000"
+               and int(e["t_ms"]) < 42_023)
+    assert sent == 40_454
+    failed = next(e for e in ev if e["kind"] == "heartbeat_failed" and e["worker"] == "w000"
+                  and int(e["t_ms"]) > sent)
+    assert failed["detail"] == "no coordinator found" and int(failed["t_ms"]) == sent + 2_000
+    released = next(e for e in ev if e["kind"] == "ownership_released" and int(e["t_ms"]) > 40_000)
+    acquired = next(e for e in ev if e["kind"] == "owner_acquired" and int(e["t_ms"]) > 40_000)
+    assert int(released["t_ms"]) < sent < int(acquired["t_ms"])
+    fast = Simulation(sc.with_(find_error_wait_ms=0), "eager", 3, 12, 61).run()
+    assert fast.metrics["violation"] == "" and fast.extra["self_fences"] == 0
