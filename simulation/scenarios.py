@@ -77,11 +77,12 @@ class Scenario:
     error. False (what-if: the worker before 72dc392, modelled as then): one node after another
     in random order, each given ``find_timeout_ms``, the owner taken from the store when the
     connection to it is made."""
-    find_error_wait_ms: int = -1
-    """What-if: once a node has answered FindCoordinator with an error (nobody owns the partition
-    now), wait at most this long for another node's answer naming one, then fail (and retry after
-    the backoff). -1: wait for every ask to end, as CoordinatorClient does since 72dc392 (a frozen
-    node's ask then holds the failure for its whole discovery timeout)."""
+    find_error_wait_ms: int = 100
+    """Once a node has answered FindCoordinator with an error (nobody owns the partition now),
+    wait at most this long for another node's answer naming one, then fail (and retry after the
+    backoff): CoordinatorClient since 6fac78c (FIND_GRACE_S). -1 (what-if: the worker of 72dc392):
+    wait for every ask to end (a frozen node's ask then holds the failure for its whole discovery
+    timeout)."""
     retry_within_lease: bool = True
     """The worker retries a failed heartbeat (or a retriable error) after at most a quarter of
     what is left of its lease (Worker._retry_delay_ms, ff1e79c); False: the plain backoff, as

@@ -298,7 +298,8 @@ def test_a_frozen_owner_stops_no_work_with_the_defaults(assignor: str) -> None:
 
 
 def test_a_find_during_a_handover_waits_for_the_frozen_nodes_discovery_timeout() -> None:
-    """What the model still finds with the worker of 72dc392 (docs/simulation.md): FindCoordinator
+    """What the model found with the worker of 72dc392 (docs/simulation.md), fixed in 6fac78c
+    (FindCoordinator ends 100 ms after an error answer; ``find_error_wait_ms`` 100). Before, FindCoordinator
     fails only when every ask has ended, so while nobody owns the partition (a handover, or
     between a lease's expiry and the next acquire: up to 100 ms) the live nodes' answers
     (COORDINATOR_NOT_AVAILABLE) wait for a frozen node's 2 s discovery timeout.
@@ -311,8 +312,9 @@ def test_a_find_during_a_handover_waits_for_the_frozen_nodes_discovery_timeout()
     at 40,432 (n2 takes it again at 40,511); w000's FindCoordinator at 40,454: n2 answers
     COORDINATOR_NOT_AVAILABLE at 40,460, n1 and n3 are silent, the find fails only at 42,454 --
     w000 fences itself at 42,023. Failing the find at the first error answer (what-if
-    ``find_error_wait_ms=0``): it retries at 40,640, n2 names itself, nobody fences."""
-    sc = SCENARIOS["deposed-owner"].with_(lease_ttl_ms=2_000)
+    ``find_error_wait_ms=0``): it retries at 40,640, n2 names itself, nobody fences. The worker of
+    6fac78c (the default): nobody fences either."""
+    sc = SCENARIOS["deposed-owner"].with_(lease_ttl_ms=2_000, find_error_wait_ms=-1)
     result = Simulation(sc, "eager", 3, 12, 61, trace=True).run()
     assert result.metrics["violation"] == "" and result.extra["self_fences"] == 1
     ev = result.events
@@ -329,3 +331,5 @@ def test_a_find_during_a_handover_waits_for_the_frozen_nodes_discovery_timeout()
     assert int(released["t_ms"]) < sent < int(acquired["t_ms"])
     fast = Simulation(sc.with_(find_error_wait_ms=0), "eager", 3, 12, 61).run()
     assert fast.metrics["violation"] == "" and fast.extra["self_fences"] == 0
+    fixed = Simulation(sc.with_(find_error_wait_ms=100), "eager", 3, 12, 61).run()
+    assert fixed.metrics["violation"] == "" and fixed.extra["self_fences"] == 0
