@@ -1,5 +1,6 @@
 """The compose files (issue 14): one image built once, healthchecks, the demo plugin writing its
-records, and two listeners (INTERNAL for the containers, EXTERNAL for the host).
+records, and two listeners (INTERNAL for the containers, EXTERNAL for the host); the single
+node's secured (issue 13): SASL_SSL on both, SCRAM users, ACLs.
 
 There is no Docker engine on the development machine, so the services' own commands,
 environment and healthchecks run here as local processes, with each container address mapped
@@ -8,7 +9,11 @@ to this machine: the INTERNAL listener's service name (``coordinator``) becomes 
 container or the host would see: the EXTERNAL listener answers FindCoordinator and Metadata
 with the host's address and the INTERNAL one with the service's, the setup job creates the
 demo's connectors (twice: idempotent), the workers' entrypoints join and write the records,
-and each healthcheck passes on a healthy service and fails on an unhealthy one.
+and each healthcheck passes on a healthy service and fails on an unhealthy one. The secured
+single node: its certs job makes the CA, the server certificate and the passwords (``/secrets``
+becomes a directory here), its users job adds the users offline to the data dir the coordinator
+then runs on, everyone authenticates over TLS with the CA, the setup job (as admin) adds the
+workers' ACL, and the worker user may run group demo but not change it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import yaml
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.metadata.v12.request import MetadataRequest
 
+from connect_wire import client_security
 from coordinator import config as cfg
 from coordinator.admin import AdminClient
 from coordinator.cli import parser as coordinator_parser
@@ -83,6 +89,21 @@ def _argv(command: list[str], local: Any) -> list[str]:
     return [*scripts.get(command[0], [command[0]]), *(local(a) for a in command[1:])]
 
 
+def _sh(script: str, local: Any) -> list[str]:
+    """A one-shot job's ``sh -c`` script as a local process: compose's ``$$`` unescaped, our
+    console scripts and ``python`` as this interpreter."""
+    script = local(script.replace("$$", "$"))
+    script = script.replace("connect-coordinator ", f"{shlex.quote(sys.executable)} -m coordinator.cli ")
+    return ["sh", "-c", script.replace("python -c ", f"{shlex.quote(sys.executable)} -c ")]
+
+
+def _run_job(service: Mapping[str, Any], local: Any) -> subprocess.CompletedProcess[str]:
+    assert service["entrypoint"] == ["sh", "-c"] and service["restart"] == "no"
+    return subprocess.run(_sh(service["command"][0], local), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60,
+                          check=False)
+
+
 def _healthy(test: list[str], local: Any) -> bool:
     assert test[0] == "CMD"
     r = subprocess.run(_argv(test[1:], local), stdin=subprocess.DEVNULL, capture_output=True,
@@ -99,8 +120,12 @@ def test_the_single_node_compose_as_local_processes(tmp_path: Path) -> None:
     published = {int(p.split(":")[-1]) for p in coordinator["ports"]}
     assert 9094 in published and 9092 not in published  # EXTERNAL published, INTERNAL not
 
+    secrets, data = tmp_path / "secrets", tmp_path / "data"
+    secrets.mkdir()
+
     def local(text: str, worker: str | None = None) -> str:
-        text = (text.replace("coordinator:9092", f"localhost:{p_int}")
+        text = (text.replace("/secrets", str(secrets)).replace("/data", str(data))
+                .replace("coordinator:9092", f"localhost:{p_int}")
                 .replace("0.0.0.0:9092", f"127.0.0.1:{p_int}")
                 .replace("0.0.0.0:9094", f"127.0.0.1:{p_ext}")
                 .replace("127.0.0.1:9094", f"127.0.0.1:{p_ext}"))
@@ -110,17 +135,51 @@ def test_the_single_node_compose_as_local_processes(tmp_path: Path) -> None:
         return text
 
     listeners = local(env.pop("CONNECT_COORDINATOR_LISTENERS"))
+    assert env["CONNECT_COORDINATOR_LISTENER_SECURITY_PROTOCOL_MAP"] == "INTERNAL:SASL_SSL,EXTERNAL:SASL_SSL"
+    assert env["CONNECT_COORDINATOR_AUTHORIZER"] == "acl"
+    assert env["CONNECT_COORDINATOR_SUPER_USERS"] == "User:admin"
+    assert coordinator["depends_on"] == {"users": {"condition": "service_completed_successfully"}}
+    assert services["users"]["depends_on"] == {"certs": {"condition": "service_completed_successfully"}}
+
+    # The certs job: a CA, the server's certificate, passwords and client settings; run again,
+    # it keeps them. No password on any command line.
+    runs = []
+    for _ in range(2):
+        r = _run_job(services["certs"], local)
+        assert r.returncode == 0, r
+        runs.append({f.name: f.read_bytes() for f in secrets.iterdir()})
+    made = runs[0]
+    assert runs[1] == made
+    assert set(made) == {"ca.pem", "ca.key", "server.pem", "server.key", "admin.pw", "worker.pw",
+                         "admin.properties", "worker.properties"}, set(made)
+    for pw in ("admin.pw", "worker.pw"):
+        assert made[pw].decode().strip() not in yaml.safe_dump(load(SINGLE)), pw
+    subject = subprocess.run(["openssl", "x509", "-in", str(secrets / "server.pem"), "-noout", "-ext",
+                              "subjectAltName"], capture_output=True, text=True, check=True).stdout
+    assert "DNS:coordinator" in subject and "DNS:localhost" in subject, subject
+    subprocess.run(["openssl", "verify", "-CAfile", str(secrets / "ca.pem"), str(secrets / "server.pem")],
+                   capture_output=True, check=True)
+
+    # The users job adds admin and worker to the data dir, offline; again: nothing to do.
+    for _ in range(2):
+        r = _run_job(services["users"], local)
+        assert r.returncode == 0, r
+    admin = client_security.resolve(client_security.load_config_file(str(secrets / "admin.properties")))
+    worker = client_security.resolve(client_security.load_config_file(str(secrets / "worker.properties")))
+    host_flags = ["--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-512",
+                  "--ssl-cafile", "/secrets/ca.pem", "--sasl-username", "admin",
+                  "--sasl-password-file", "/secrets/admin.pw"]  # (compose.yaml's header; local())
     records = tmp_path / "records" / "records.jsonl"
     records.parent.mkdir()
     procs: list[subprocess.Popen[bytes]] = []
     with DaemonPool(tmp_path) as pool:
-        d = pool.start(extra_env={k: local(v) for k, v in env.items()},
+        d = pool.start(data, extra_env={k: local(v) for k, v in env.items()},
                        extra_args=["--listen", listeners], short_timeouts=False)
         assert d.listeners == {"INTERNAL": ("127.0.0.1", p_int), "EXTERNAL": ("127.0.0.1", p_ext)}
 
         # Each side is told the address of the listener it came in on.
         for listener, expect in (("EXTERNAL", ("127.0.0.1", p_ext)), ("INTERNAL", ("localhost", p_int))):
-            with AdminClient(*d.listeners[listener], timeout_s=5) as c:
+            with AdminClient(*d.listeners[listener], timeout_s=5, security=admin) as c:
                 (found,) = c.call(FindCoordinatorRequest(key_type=0, coordinator_keys=("demo",))).coordinators
                 (broker,) = c.call(MetadataRequest(
                     topics=(), allow_auto_topic_creation=False,
@@ -128,22 +187,28 @@ def test_the_single_node_compose_as_local_processes(tmp_path: Path) -> None:
             assert (found.host, found.port) == expect and (broker.host, broker.port) == expect, listener
 
         assert _healthy(coordinator["healthcheck"]["test"], local)
+        # (authenticated: without the client settings the same check fails)
+        assert not _healthy(coordinator["healthcheck"]["test"][:-2], local)
 
         # The setup job creates the demo's connectors; run again, it changes nothing and succeeds.
-        setup = services["setup"]
-        assert setup["entrypoint"] == ["sh", "-c"]
-        script = local(setup["command"][0]).replace(
-            "connect-coordinator ", f"{shlex.quote(sys.executable)} -m coordinator.cli ")
         for _ in range(2):
-            r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=daemon_env(),
-                               cwd=ROOT, timeout=60, check=False)
+            r = _run_job(services["setup"], local)
             assert r.returncode == 0, r
         r = subprocess.run(_argv(["connect-coordinator", "connectors", "list", "--bootstrap",
-                                  "127.0.0.1:9094", "--group", "demo", "--json"], local),
+                                  "127.0.0.1:9094", "--group", "demo", "--json", *host_flags], local),
                            capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=30,
                            check=False)
         assert r.returncode == 0, r  # (from the host, through EXTERNAL)
         assert {c["name"]: c["tasks"] for c in json.loads(r.stdout)} == {"orders": 3, "payments": 2}
+        # The worker user may run group demo (its ACL: READ) but not change its connectors.
+        worker_flags = [*host_flags[:-4], "--sasl-username", "worker", "--sasl-password-file",
+                        "/secrets/worker.pw"]
+        r = subprocess.run(_argv(["connect-coordinator", "connectors", "delete", "--bootstrap",
+                                  "127.0.0.1:9094", "--group", "demo", "orders", *worker_flags], local),
+                           capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=30,
+                           check=False)
+        assert r.returncode != 0 and "AUTHORIZATION" in (r.stdout + r.stderr).upper(), r
+        assert worker.username == "worker" and admin.username == "admin"
 
         # The workers' entrypoints, with their environment (the records file on its volume).
         try:
