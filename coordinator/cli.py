@@ -1,7 +1,7 @@
 """``connect-coordinator``: run the daemon, and admin commands that talk KRPC to a running one.
 
     connect-coordinator serve --data-dir ./data
-    connect-coordinator connectors create --group G NAME --tasks N [--config KEY=VALUE ...]
+    connect-coordinator connectors create --group G NAME --tasks N --config connector.class=C [...]
     connect-coordinator connectors update --group G NAME [--tasks N] [--config KEY=VALUE ...]
     connect-coordinator connectors delete --group G NAME [NAME ...]
     connect-coordinator connectors list --group G [--json]
@@ -355,8 +355,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return main_serve(config)
 
 
+def _connector_class_problem(args: argparse.Namespace) -> str | None:
+    """Kafka Connect refuses a connector config without ``connector.class`` (400); so does
+    ``connectors create`` (``--validate-only`` too), before connecting: a usage error (exit 2).
+    An update may leave it out (the stored value stays) but not set it empty. The check is the
+    CLI's, not the coordinator's: the wire contract leaves ``Config`` to the workers (the
+    coordinator stores it and validates only names), and logs with such connectors replay."""
+    if args.command != "connectors" or args.action not in ("create", "update"):
+        return None
+    given = dict(args.config)
+    if args.action == "create" and "connector.class" not in given:
+        return ("a connector needs --config connector.class=module:Class (or a plugin's entry "
+                "point name): the class a worker runs")
+    if "connector.class" in given and not given["connector.class"].strip():
+        return "connector.class must not be empty"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    problem = _connector_class_problem(args)
+    if problem is not None:
+        print(f"connect-coordinator connectors {args.action}: error: {problem}", file=sys.stderr)
+        return 2
     try:
         if args.command == "serve":
             return cmd_serve(args)

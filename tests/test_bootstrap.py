@@ -103,7 +103,8 @@ def test_admin_cli_skips_dead_bootstrap_entries(pool: DaemonPool) -> None:
     d = pool.start()
     dead = dead_ports(2)
     listed = ",".join([*dead, d.bootstrap])
-    out = cli("connectors", "create", "--group", "g", "src", "--tasks", "2", "--bootstrap", listed)
+    out = cli("connectors", "create", "--group", "g", "src", "--tasks", "2", "--config",
+              "connector.class=pkg:Source", "--bootstrap", listed)
     assert out.strip() == "ok: group g at epoch 0"
     # Repeated flags, comma-separated or not, are one list in order.
     both = ["--bootstrap", dead[0], "--bootstrap", f"{dead[1]},{d.bootstrap}"]
@@ -119,7 +120,8 @@ def test_admin_cli_skips_dead_bootstrap_entries(pool: DaemonPool) -> None:
 def test_admin_cli_all_dead_names_every_address() -> None:
     dead = dead_ports(3)
     for args in (["groups", "list"], ["groups", "describe", "g"],
-                 ["connectors", "create", "--group", "g", "x", "--tasks", "1"]):
+                 ["connectors", "create", "--group", "g", "x", "--tasks", "1",
+                  "--config", "connector.class=p:C"]):
         err = cli(*args, "--bootstrap", ",".join(dead), code=1)
         assert "no coordinator answered at " + ", ".join(dead) in err, err
         assert all(f"cannot connect to {a}" in err for a in dead), err
@@ -130,7 +132,8 @@ def test_admin_cli_follows_find_coordinator_to_another_node(pool: DaemonPool, tm
     # B coordinates; A's advertised listener is B, so FindCoordinator at A names B.
     b = pool.start(tmp_path / "b")
     a = pool.start(tmp_path / "a", extra_args=["--advertised-listener", b.bootstrap])
-    out = cli("connectors", "create", "--group", "g", "src", "--tasks", "1", "--bootstrap", a.bootstrap)
+    out = cli("connectors", "create", "--group", "g", "src", "--tasks", "1", "--config",
+              "connector.class=pkg:Source", "--bootstrap", a.bootstrap)
     assert out.startswith("ok: group g")
     assert connectors_at(b.host, b.port, "g") == ["src"]
     assert connectors_at(a.host, a.port, "g") == []  # A itself was never asked to change it
@@ -235,7 +238,8 @@ def moving(pool: DaemonPool) -> Iterator[tuple[MovingNode, Any]]:
 
 def test_admin_retries_until_the_coordinator_answers(moving: tuple[MovingNode, Any]) -> None:
     node, d = moving
-    out = cli("connectors", "create", "--group", "g", "src", "--tasks", "1", "--bootstrap", node.bootstrap)
+    out = cli("connectors", "create", "--group", "g", "src", "--tasks", "1", "--config",
+              "connector.class=pkg:Source", "--bootstrap", node.bootstrap)
     assert out.startswith("ok: group g")
     assert connectors_at(d.host, d.port, "g") == ["src"]
     # Not available -> back off, ask again; named itself -> NOT_COORDINATOR -> ask again; then

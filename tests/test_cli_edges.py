@@ -184,3 +184,18 @@ def test_worker_attempts_back_off_when_unreachable(tmp_path: Path) -> None:
     for n, d in enumerate(delays):
         ceiling = min(5000, 100 * 2**n)
         assert ceiling / 2 <= d <= ceiling, (n, delays)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("create", "--tasks", "1"), "needs --config connector.class=module:Class"),
+    (("create", "--tasks", "1", "--validate-only", "--config", "topic=t"), "needs --config connector.class="),
+    (("create", "--tasks", "1", "--config", "connector.class="), "connector.class must not be empty"),
+    (("update", "--config", "connector.class= "), "connector.class must not be empty"),
+])
+def test_a_connector_without_connector_class_is_refused_by_the_cli(args: tuple[str, ...], says: str) -> None:
+    # As Kafka Connect's REST API (400): a usage error, before connecting (nothing listens there).
+    r = coordinator("connectors", args[0], "--bootstrap", "127.0.0.1:1", "--group", "g", "c", *args[1:])
+    assert r.returncode == 2, r
+    assert r.stderr.startswith(f"connect-coordinator connectors {args[0]}: error: "), r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr

@@ -258,7 +258,8 @@ def test_discovery_lists_every_node_and_names_the_owner(cluster: Cluster) -> Non
         (i, p) for i, p in c.ports.items())
     groups = [f"g{k}" for k in range(12)]
     for g in groups:
-        r = c.cli("connectors", "create", "--group", g, "c", "--tasks", "1")
+        r = c.cli("connectors", "create", "--group", g, "c", "--tasks", "1",
+                  "--config", "connector.class=pkg:Source")
         assert r.returncode == 0, r.stderr
     owners = {g: c.coordinator_of(g, ask=1) for g in groups}
     assert {c.coordinator_of(g, ask=i) for g in groups for i in (2, 3)} <= set(c.ports)
@@ -459,7 +460,8 @@ def test_kafka_admin_clients_find_every_group_across_the_nodes(cluster: Cluster)
     c.start_all()
     groups = [f"k{k}" for k in range(9)]
     for g in groups:
-        r = c.cli("connectors", "create", "--group", g, "c", "--tasks", "1")
+        r = c.cli("connectors", "create", "--group", g, "c", "--tasks", "1",
+                  "--config", "connector.class=pkg:Source")
         assert r.returncode == 0, r.stderr
     owners = {c.coordinator_of(g) for g in groups}
     assert len(owners) > 1, owners

@@ -1065,10 +1065,11 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
     out = cli("connectors", "create", "--group", "g", "src", "--tasks", "2",
               "--config", "connector.class=pkg:Source", *b)
     assert out.strip() == "ok: group g at epoch 0"
-    cli("connectors", "create", "--group", "g", "sink", "--tasks", "1", *b)
+    cli("connectors", "create", "--group", "g", "sink", "--tasks", "1",
+        "--config", "connector.class=pkg:Sink", *b)
     cli("connectors", "update", "--group", "g", "src", "--tasks", "3", "--config", "topic=t1", *b)
     listed = json.loads(cli("connectors", "list", "--group", "g", "--json", *b))
-    assert listed == [{"name": "sink", "tasks": 1, "config": {}},
+    assert listed == [{"name": "sink", "tasks": 1, "config": {"connector.class": "pkg:Sink"}},
                       {"name": "src", "tasks": 3, "config": {"connector.class": "pkg:Source", "topic": "t1"}}]
     human = cli("connectors", "list", "--group", "g", *b).splitlines()
     assert human[0].split() == ["CONNECTOR", "TASKS", "CONFIG"]
@@ -1097,7 +1098,8 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
     assert any(line.split()[:4] == ["W1", "-", "1", "Stable"] for line in text.splitlines())
 
     # Errors from the coordinator: the protocol error name, exit 1.
-    err = cli("connectors", "create", "--group", "g", "bad", "--tasks", "-1", *b, code=1)
+    err = cli("connectors", "create", "--group", "g", "bad/name", "--tasks", "1",
+              "--config", "connector.class=pkg:C", *b, code=1)  # (--tasks -1: the CLI's, exit 2)
     assert "INVALID_REQUEST" in err
     err = cli("groups", "describe", "nope", *b, code=1)
     assert "GROUP_ID_NOT_FOUND" in err
@@ -1111,6 +1113,11 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
     assert "cannot connect" in err
     assert "'nonsense' is not HOST:PORT" in cli("groups", "list", "--bootstrap", "nonsense", code=2)
     cli("connectors", "create", "--group", "g", "x", *b, code=2)  # --tasks is required
+    # No connector.class: refused by the CLI (as Kafka Connect's REST API, 400), nothing created.
+    for extra in ((), ("--validate-only",)):
+        err = cli("connectors", "create", "--group", "g", "x", "--tasks", "1", *extra, *b, code=2)
+        assert "needs --config connector.class=" in err, err
+    assert "x" not in {c["name"] for c in json.loads(cli("connectors", "list", "--group", "g", "--json", *b))}
     assert_healthy(d)
     w1.close()
 

@@ -70,7 +70,7 @@ def _start(tmp: Path, files: TlsFiles, **extra: str) -> Daemon:
     internal = d.address("PLAINTEXT")
     for group in GROUPS:
         done = run_cli("connectors", "create", "--bootstrap", internal, "--group", group, "c",
-                       "--tasks", "1")
+                       "--tasks", "1", "--config", "connector.class=pkg:Source")
         assert done.returncode == 0, done.stdout + done.stderr
     from kafka.admin import (
         ACL,
