@@ -1,0 +1,229 @@
+"""A hostile client against the SASL transport and the authorizer (issue 13 review): what held.
+
+An in-process daemon (tests/secure_server.py) with its *real* security state (the file store:
+credentials appended offline before start, ACLs through the store as CreateAcls makes them),
+``authorizer=acl``, a PLAINTEXT listener whose ANONYMOUS principal is the super user and a
+SASL_PLAINTEXT one (``connections.max.reauth.ms`` short, so sessions end in a test):
+
+* no request is served before or during authentication: pipelined right after SaslHandshake or
+  in the middle of a SCRAM exchange it is answered ILLEGAL_SASL_STATE and the connection closed;
+* a replayed SCRAM client-final, a tampered nonce and PLAIN with another authorization id fail;
+* re-authentication cannot change the principal or the mechanism (the connection is closed); a
+  session that ended is closed at its next request;
+* a principal without DESCRIBE gets the same answer for a group that exists and one that does
+  not (DescribeGroups, ConnectGroupDescribe, FindCoordinator), and ListGroups hides it;
+* an ACL change is applied to the router's cached decisions at once (allow, then a PREFIXED
+  DENY, then the DENY deleted);
+* deleting a user's credential leaves its live session working until it re-authenticates (as
+  Kafka), and the re-authentication then fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
+from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+from kio.schema.list_groups.v4.request import ListGroupsRequest
+from scramp import ScramClient
+
+from connect_wire import codec
+from connect_wire.apis import APIS, ApiKey
+from connect_wire.errors import ErrorCode
+from connect_wire.framing import encode_request_frame
+from connect_wire.messages import ConnectGroupAlterConnectorsRequest, ConnectGroupDescribeRequest
+from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
+from coordinator.security.model import AclBinding, AclBindingFilter
+from coordinator.security.scram import credential_from_password
+from coordinator.security.state import credential_record, credential_tombstone
+from coordinator.security.store import append_offline
+from tests.secure_server import Closed, InProcess, Raw
+
+USERS = {"alice": "alice-pw", "bob": "bob-pw"}
+MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+REAUTH_MS = 1500
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[InProcess]:
+    append_offline(tmp_path / "data", [
+        credential_record(u, credential_from_password(m, pw)) for u, pw in USERS.items()
+        for m in MECHANISMS])
+    with InProcess(tmp_path, {
+            "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+            "authorizer": "acl", "super.users": "User:ANONYMOUS",
+            "connections.max.reauth.ms": REAUTH_MS}) as d:
+        with Raw(d.address("PLAINTEXT")) as admin:
+            for group in ("secret", "orders"):
+                assert not admin.call(ApiKey.CONNECT_GROUP_ALTER_CONNECTORS, 0,
+                                      ConnectGroupAlterConnectorsRequest(
+                                          group_id=group, validate_only=False, deletes=(),
+                                          upserts=(_alter.ConnectorSpec(
+                                              name="c", task_count=1, config=()),))).error_code
+        yield d
+
+
+def _change(d: InProcess, create: list[AclBinding] = (), delete: list[AclBindingFilter] = (),
+            records: list = ()) -> None:
+    """A change through the real store, as CreateAcls / DeleteAcls / AlterUserScramCredentials."""
+    state = d.server.security
+    out = list(records)
+    if create:
+        out += state.create_acls(list(create))[1]
+    if delete:
+        out += state.delete_acls(list(delete))[1]
+
+    async def apply() -> None:
+        await d.server.security_service.store.apply(out)
+    d.run(apply())
+
+
+def _sasl(d: InProcess) -> Raw:
+    return Raw(d.address("SASL_PLAINTEXT"))
+
+
+def _frame(api_key: int, version: int, correlation: int, request: object) -> bytes:
+    header = APIS[api_key].request_header_version(version)
+    return encode_request_frame(api_key, version, correlation, "x", codec.encode(request), header)
+
+
+def _describe_groups(c: Raw, *groups: str) -> dict[str, int]:
+    r = c.call(ApiKey.DESCRIBE_GROUPS, 5, DescribeGroupsRequest(
+        groups=groups, include_authorized_operations=False))
+    return {g.group_id: int(g.error_code) for g in r.groups}
+
+
+# == before and during authentication ===============================================================
+
+
+def test_a_request_pipelined_after_sasl_handshake_is_refused_and_closes(daemon: InProcess) -> None:
+    handshake = APIS[ApiKey.SASL_HANDSHAKE].request_class(1)(mechanism="SCRAM-SHA-256")
+    with _sasl(daemon) as c:
+        c.sock.sendall(_frame(ApiKey.SASL_HANDSHAKE, 1, 1, handshake)
+                       + _frame(ApiKey.LIST_GROUPS, 4, 2, ListGroupsRequest(states_filter=())))
+        assert not c.receive(ApiKey.SASL_HANDSHAKE, 1, 1).error_code
+        refused = c.receive(ApiKey.LIST_GROUPS, 4, 2)
+        assert refused.error_code == ErrorCode.ILLEGAL_SASL_STATE and not refused.groups
+        assert c.closed()
+    with _sasl(daemon) as c:  # before SaslHandshake: closed without an answer
+        c.send(ApiKey.LIST_GROUPS, 4, ListGroupsRequest(states_filter=()))
+        assert c.closed()
+
+
+def test_a_request_in_the_middle_of_a_scram_exchange_is_refused(daemon: InProcess) -> None:
+    with _sasl(daemon) as c:
+        assert not c.handshake("SCRAM-SHA-256").error_code
+        client = ScramClient(["SCRAM-SHA-256"], "alice", "alice-pw")
+        assert not c.authenticate(client.get_client_first().encode()).error_code
+        r = c.call(ApiKey.DESCRIBE_GROUPS, 5, DescribeGroupsRequest(
+            groups=("secret",), include_authorized_operations=False))
+        assert r.groups[0].error_code == ErrorCode.ILLEGAL_SASL_STATE
+        assert c.closed()
+
+
+def test_a_replayed_client_final_and_a_tampered_nonce_fail(daemon: InProcess) -> None:
+    with _sasl(daemon) as c:
+        c.handshake("SCRAM-SHA-256")
+        client = ScramClient(["SCRAM-SHA-256"], "alice", "alice-pw")
+        first = client.get_client_first()
+        client.set_server_first(c.authenticate(first.encode()).auth_bytes.decode())
+        final = client.get_client_final()
+        assert not c.authenticate(final.encode()).error_code
+    with _sasl(daemon) as c:  # the same two messages on a new connection: a new server nonce
+        c.handshake("SCRAM-SHA-256")
+        assert not c.authenticate(first.encode()).error_code
+        assert c.authenticate(final.encode()).error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        assert c.closed()
+    with _sasl(daemon) as c:
+        c.handshake("SCRAM-SHA-256")
+        client = ScramClient(["SCRAM-SHA-256"], "alice", "alice-pw")
+        client.set_server_first(c.authenticate(client.get_client_first().encode())
+                                .auth_bytes.decode())
+        parts = client.get_client_final().split(",")
+        parts[1] = parts[1][:-2] + ("AA" if not parts[1].endswith("AA") else "BB")
+        assert c.authenticate(",".join(parts).encode()).error_code == \
+            ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+def test_re_authentication_cannot_change_principal_or_mechanism(daemon: InProcess) -> None:
+    with _sasl(daemon) as c:
+        assert not c.scram("alice", "alice-pw").error_code
+        assert c.session_lifetime_ms == REAUTH_MS
+        r = c.scram("bob", "bob-pw")
+        assert r.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        assert "Cannot change principals" in r.error_message
+        assert c.closed()
+    with _sasl(daemon) as c:
+        assert not c.scram("alice", "alice-pw").error_code
+        r = c.handshake("SCRAM-SHA-512")
+        assert r.error_code == ErrorCode.UNSUPPORTED_SASL_MECHANISM
+        assert list(r.mechanisms) == ["SCRAM-SHA-256"]
+        assert c.closed()
+    with _sasl(daemon) as c:  # the same principal and mechanism: the connection goes on
+        assert not c.scram("alice", "alice-pw").error_code
+        assert not c.scram("alice", "alice-pw").error_code
+        assert not c.call(ApiKey.LIST_GROUPS, 4, ListGroupsRequest(states_filter=())).error_code
+
+
+def test_a_request_after_the_session_ended_closes_the_connection(daemon: InProcess) -> None:
+    with _sasl(daemon) as c:
+        assert not c.scram("alice", "alice-pw").error_code
+        time.sleep(REAUTH_MS / 1000 + 0.2)
+        with pytest.raises(Closed):
+            c.call(ApiKey.LIST_GROUPS, 4, ListGroupsRequest(states_filter=()))
+    assert daemon.metric("connect_coordinator_sasl_sessions_expired_total") >= 1
+
+
+# == authorization ================================================================================
+
+
+def test_no_describe_reveals_nothing_about_which_groups_exist(daemon: InProcess) -> None:
+    with _sasl(daemon) as c:
+        assert not c.scram("bob", "bob-pw").error_code
+        assert _describe_groups(c, "secret", "no-such-group") == {
+            "secret": ErrorCode.GROUP_AUTHORIZATION_FAILED,
+            "no-such-group": ErrorCode.GROUP_AUTHORIZATION_FAILED}
+        described = c.call(ApiKey.CONNECT_GROUP_DESCRIBE, 0, ConnectGroupDescribeRequest(
+            group_ids=("secret", "no-such-group")))
+        answers = {g.group_id: (int(g.error_code), g.group_state, g.group_epoch)
+                   for g in described.groups}
+        assert answers["secret"][1:] == answers["no-such-group"][1:] == ("Dead", -1)
+        assert {code for code, _, _ in answers.values()} == {ErrorCode.GROUP_AUTHORIZATION_FAILED}
+        found = c.call(ApiKey.FIND_COORDINATOR, 4, FindCoordinatorRequest(
+            key_type=0, coordinator_keys=("secret", "no-such-group")))
+        assert [(int(k.error_code), k.node_id, k.host) for k in found.coordinators] == \
+            [(ErrorCode.GROUP_AUTHORIZATION_FAILED, -1, "")] * 2
+        listed = c.call(ApiKey.LIST_GROUPS, 4, ListGroupsRequest(states_filter=()))
+        assert not listed.error_code and not listed.groups
+
+
+def test_acl_changes_reach_cached_decisions_at_once(daemon: InProcess) -> None:
+    allow = AclBinding.of("GROUP", "orders", "User:alice", "READ")
+    deny = AclBinding.of("GROUP", "ord", "User:*", "ALL", "DENY", pattern_type="PREFIXED")
+    with _sasl(daemon) as c:
+        assert not c.scram("alice", "alice-pw").error_code
+        assert _describe_groups(c, "orders") == {"orders": ErrorCode.GROUP_AUTHORIZATION_FAILED}
+        _change(daemon, create=[allow])  # READ implies DESCRIBE
+        assert _describe_groups(c, "orders") == {"orders": 0}
+        assert _describe_groups(c, "orders") == {"orders": 0}  # (now cached)
+        _change(daemon, create=[deny])  # a PREFIXED DENY for everyone wins
+        assert _describe_groups(c, "orders") == {"orders": ErrorCode.GROUP_AUTHORIZATION_FAILED}
+        _change(daemon, delete=[AclBindingFilter()])
+        _change(daemon, create=[allow])
+        assert _describe_groups(c, "orders") == {"orders": 0}
+
+
+def test_a_deleted_credential_ends_the_session_only_at_re_authentication(
+        daemon: InProcess) -> None:
+    """As Kafka: deleting a credential does not close live connections; the next
+    re-authentication (KIP-368) fails and closes it."""
+    with _sasl(daemon) as c:
+        assert not c.scram("bob", "bob-pw").error_code
+        _change(daemon, records=[credential_tombstone("bob", m) for m in MECHANISMS])
+        assert not c.call(ApiKey.LIST_GROUPS, 4, ListGroupsRequest(states_filter=())).error_code
+        r = c.scram("bob", "bob-pw")
+        assert r.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        assert c.closed()
