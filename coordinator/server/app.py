@@ -626,14 +626,16 @@ class CoordinatorServer:
         self._reaper = asyncio.create_task(self._reap_idle())
         self._lag_probe = asyncio.create_task(self._probe_loop_lag())
 
-    async def _listen(self) -> None:
+    async def _listen(self, serve: bool = True) -> None:
+        """Bind every listener (and the metrics endpoint); accept connections at once, or with
+        ``serve=False`` only at :meth:`_start_serving` (bound, so the address is known)."""
         loop = asyncio.get_running_loop()
         for spec in self.listener_specs:
             served = self.served[spec.name]
             try:
                 server = await loop.create_server(
                     lambda served=served: Connection(self, served), spec.host, spec.port,  # type: ignore[misc]
-                    reuse_address=True, ssl=served.ssl)
+                    reuse_address=True, ssl=served.ssl, start_serving=serve)
             except OSError as exc:  # a busy port: name it and the listener (issue 14)
                 raise StartupError(f"cannot listen on {_where(spec.host, spec.port)} (listener "
                                    f"{spec.name}): {_why(exc)}") from None
@@ -662,13 +664,18 @@ class CoordinatorServer:
     async def _start_cluster(self) -> None:
         """store=etcd: no data dir; listen (partitions answer NOT_COORDINATOR until acquired),
         then join the cluster: the placement loop acquires this node's share."""
-        await self._listen()
+        # Bound but not accepting yet: the node registers its address, then loads the users and
+        # ACLs; only then are connections accepted (before, SASL failed and the authorizer
+        # denied everyone but super users for the first moments).
+        await self._listen(serve=False)
         self.partition_states()
         await self.cluster.start()
         try:
             await self.security_service.start_etcd(self.cluster)
         except Exception as exc:  # noqa: BLE001 (etcd unreachable, unreadable keys)
             raise StartupError(f"cannot load the security keys from etcd: {exc!r}") from None
+        for server in self._servers:
+            await server.start_serving()
         self._reaper = asyncio.create_task(self._reap_idle())
         self._lag_probe = asyncio.create_task(self._probe_loop_lag())
 
