@@ -10,15 +10,19 @@ writers validate every length through its phantom types, which cost more than th
 legacy strings use kio's writers.
 
 The output is byte-identical to kio's writer; the tests check that for every message, and
-``python -m bench codec`` measures both side by side. Classes with tagged fields are left to
-kio's writer (``compile_writer`` returns None): none of our schemas has one yet.
+``python -m bench codec`` measures both side by side. Tagged fields (KIP-482) are written as
+kio writes them: after the other fields, the count of those whose value is not their default,
+then each one's tag, size and bytes in tag order (each one's bytes by a compiled writer of its
+own, through a temporary buffer). Anything else it does not know makes ``compile_writer``
+return None, and kio's writer is used.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Callable
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from functools import cache
 from types import NoneType, UnionType
 from typing import Any, get_args, get_origin
@@ -93,8 +97,58 @@ def _string_writer(kafka_type: str, flexible: bool, nullable: bool) -> str:
 def compile_writer(cls: type) -> Callable[[Any, Any], None] | None:
     """A writer ``(buffer, entity) -> None`` for ``cls``, or None to use kio's writer."""
     flexible = bool(cls.__flexible__)  # type: ignore[attr-defined]
-    namespace: dict[str, Any] = {"kw": kw, "struct": struct, "_B": _BYTE, "_uv": uvarint_bytes}
+    namespace: dict[str, Any] = {"kw": kw, "struct": struct, "_B": _BYTE, "_uv": uvarint_bytes,
+                                 "_BytesIO": io.BytesIO}
+    plain = [f for f in fields(cls) if "tag" not in f.metadata]
+    tagged = sorted((f for f in fields(cls) if "tag" in f.metadata),
+                    key=lambda f: int(f.metadata["tag"]))
+    if tagged and not flexible:
+        return None
     lines = ["def write(buffer, v):", "    w = buffer.write"]
+    if not _emit_fields(plain, flexible, namespace, lines, "body"):
+        return None
+    if not flexible:
+        pass  # no tagged fields section
+    elif not tagged:
+        lines.append("    w(b'\\x00')")  # no tagged fields
+    else:
+        # Tagged fields (KIP-482), as kio writes them: in tag order, each one whose value
+        # differs from its default as its tag, its size and its bytes; their count first.
+        lines.append("    t = []")
+        for f in tagged:
+            tag = int(f.metadata["tag"])
+            if f.default is MISSING:  # (kio compares with an implicit default: leave it to kio)
+                return None
+            sub = [f"def write_tag_{tag}(buffer, v):", "    w = buffer.write"]
+            if not _emit_fields([f], flexible, namespace, sub, f"tag{tag}"):
+                return None
+            exec(compile("\n".join(sub) + "\n", f"<fastwriter {cls.__qualname__} tag {tag}>",
+                         "exec"), namespace)
+            namespace[f"_d{tag}"] = f.default
+            namespace[f"_t{tag}"] = uvarint_bytes(tag)
+            lines += [
+                f"    if v.{f.name} != _d{tag}:",
+                "        b = _BytesIO()",
+                f"        write_tag_{tag}(b, v)",
+                "        p = b.getvalue()",
+                f"        t.append(_t{tag} + _uv(len(p)) + p)",
+            ]
+        lines += [
+            _length_line("len(t)", "    "),
+            "    for p in t:",
+            "        w(p)",
+        ]
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, f"<fastwriter {cls.__module__}.{cls.__qualname__}>", "exec"), namespace)
+    write = namespace["write"]
+    write.__doc__ = f"Specialised writer of {cls.__qualname__}.\n\n{source}"
+    return write  # type: ignore[no-any-return]
+
+
+def _emit_fields(fields_: list[Any], flexible: bool, namespace: dict[str, Any], lines: list[str],
+                 prefix: str) -> bool:
+    """Append the code writing ``fields_`` of ``v`` (in order) to ``lines``; False when one of
+    them is of a kind left to kio. ``prefix`` keeps the names this adds to ``namespace`` apart."""
     pending: list[tuple[str, str]] = []  # (struct code, attribute)
     counter = 0
 
@@ -103,23 +157,23 @@ def compile_writer(cls: type) -> Callable[[Any, Any], None] | None:
         if not pending:
             return
         counter += 1
-        name = f"_s{counter}"
+        name = f"_s_{prefix}_{counter}"
         namespace[name] = struct.Struct(">" + "".join(code for code, _ in pending))
         args = ", ".join(f"v.{attr}" for _, attr in pending)
         lines.append(f"    w({name}.pack({args}))")
         pending.clear()
 
-    for f in fields(cls):
-        if "tag" in f.metadata:
-            return None
+    for f in fields_:
         tp, nullable = _optional(f.type)
+        if "tag" in f.metadata:
+            nullable = False  # a tagged field's presence is its tag (kio's rule)
         kafka_type = f.metadata.get("kafka_type")
         attr = f.name
         if get_origin(tp) is tuple:
             flush()
             inner = get_args(tp)[0]
             if not flexible:
-                return None  # legacy arrays: leave to kio
+                return False  # legacy arrays: leave to kio
             lines.append(f"    a = v.{attr}")
             if nullable:
                 lines.append("    if a is None:")
@@ -132,7 +186,7 @@ def compile_writer(cls: type) -> Callable[[Any, Any], None] | None:
             if is_dataclass(inner):
                 sub = compile_writer(inner)
                 if sub is None:
-                    return None
+                    return False
                 namespace[f"_w_{attr}"] = sub
                 lines.append(f"{indent}for x in a:")
                 lines.append(f"{indent}    _w_{attr}(buffer, x)")
@@ -144,12 +198,12 @@ def compile_writer(cls: type) -> Callable[[Any, Any], None] | None:
                 lines.append(f"{indent}for x in a:")
                 lines += _compact_string_lines("x", False, indent + "    ")
             else:
-                return None
+                return False
         elif is_dataclass(tp):
             flush()
             sub = compile_writer(tp)
             if sub is None:
-                return None
+                return False
             namespace[f"_w_{attr}"] = sub
             if nullable:
                 lines.append(f"    if v.{attr} is None:")
@@ -168,12 +222,6 @@ def compile_writer(cls: type) -> Callable[[Any, Any], None] | None:
             else:
                 lines.append(f"    {_string_writer(kafka_type, flexible, nullable)}(buffer, v.{attr})")
         else:
-            return None  # uuid, timedelta, ...: kio handles them
+            return False  # uuid, timedelta, ...: kio handles them
     flush()
-    if flexible:
-        lines.append("    w(b'\\x00')")  # no tagged fields
-    source = "\n".join(lines) + "\n"
-    exec(compile(source, f"<fastwriter {cls.__module__}.{cls.__qualname__}>", "exec"), namespace)
-    write = namespace["write"]
-    write.__doc__ = f"Specialised writer of {cls.__qualname__}.\n\n{source}"
-    return write  # type: ignore[no-any-return]
+    return True

@@ -183,8 +183,6 @@ def _describe(session: AdminSession, group_ids: list[str]) -> Any:
 
 
 def _items(a: Any) -> list[str]:
-    if a is None:
-        return []
     return [*a.connectors, *(f"{t.connector}/{t.task}" for t in a.tasks)]
 
 
@@ -217,7 +215,9 @@ def _group_dict(g: Any) -> dict[str, Any]:
         "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
                      "worker_url": m.worker_url, "client_id": m.client_id,
                      "client_host": m.client_host, "epoch": m.member_epoch, "state": m.member_state,
-                     "assignment": _items(m.assignment), "revoking": _items(m.revoking),
+                     "assignment": _items(m.assignment), "revoking": [*m.revoking_connectors,
+                                                              *(f"{t.connector}/{t.task}"
+                                                                for t in m.revoking_tasks)],
                      "target": _items(m.target_assignment)}
                     for m in g.members],
         # Items held for fenced members (issue 14): nobody runs them until the hold ends.

@@ -108,7 +108,9 @@ def test_specialised_writer_matches_kio(cls: type, data: st.DataObject) -> None:
 
 @pytest.mark.parametrize("cls", ALL_CLASSES, ids=_ids(ALL_CLASSES))
 def test_specialised_writer_is_used(cls: type) -> None:
-    """The generated classes have no tagged fields: every one gets a compiled writer."""
+    """Every generated class gets a compiled writer, tagged fields included (issue 14 added the
+    first ones: ConnectGroupDescribeResponse's Members[].RevokingConnectors/RevokingTasks and
+    Holds)."""
     from connect_wire import fastwriter
 
     assert fastwriter.compile_writer(cls) is not None
@@ -302,6 +304,28 @@ _tag_lists = st.lists(
 )
 
 
+def _structs_in_tagged_fields(cls: type) -> bool:
+    """Does ``cls`` (or a struct under it) have a tagged field holding structs?"""
+    for f in fields(cls):
+        tp, _ = _optional(f.type)
+        inner = get_args(tp)[0] if get_origin(tp) is tuple else tp
+        if is_dataclass(inner):
+            if "tag" in f.metadata or _structs_in_tagged_fields(inner):
+                return True
+    return False
+
+
+def unknown_tags(data: st.DataObject) -> TagSource:
+    """Extra tagged fields for any struct, drawn from ``_tag_lists`` less the struct's own tags
+    (a known tag's bytes are that field's value, not an unknown field to skip)."""
+
+    def extra(struct: Any) -> list[tuple[int, bytes]]:
+        known = {int(f.metadata["tag"]) for f in fields(struct) if "tag" in f.metadata}
+        return [(tag, payload) for tag, payload in data.draw(_tag_lists) if tag not in known]
+
+    return extra
+
+
 @every_class
 @PROPERTY
 @given(data=st.data())
@@ -317,10 +341,14 @@ def test_unknown_tags_are_skipped_everywhere(
     oracle: Oracle, cls: type, data: st.DataObject
 ) -> None:
     value = data.draw(entities(cls))
-    spliced = ref_encode(value, lambda _struct: data.draw(_tag_lists))
+    spliced = ref_encode(value, unknown_tags(data))
     assert codec.decode(cls, spliced) == (value, len(spliced))
     assert codec.decode(cls, b"\x00" + spliced, offset=1) == (value, 1 + len(spliced))
-    assert oracle.decode(cls, spliced) == value  # kafka-python skips them too
+    if not _structs_in_tagged_fields(cls):
+        # kafka-python skips them too, except in a struct inside a tagged field: its
+        # TaggedFields.decode asserts such a struct has no tagged fields of its own (a quirk of
+        # kafka-python 3.x; Kafka writes the section, and our readers read it, as above).
+        assert oracle.decode(cls, spliced) == value
 
 
 def test_unknown_tag_in_top_level_and_nested_task_id() -> None:

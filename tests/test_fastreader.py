@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from connect_wire import codec, fastreader, messages, records
 from tests.strategies import entities
-from tests.test_codec import _tag_lists, ref_encode
+from tests.test_codec import ref_encode, unknown_tags
 
 CLASSES = [*messages.REQUESTS.values(), *messages.RESPONSES.values(),
            *records.RECORD_KEYS.values(), *records.RECORD_VALUES.values()]
@@ -53,7 +53,7 @@ def test_every_flexible_class_compiles(cls: type) -> None:
 @given(data=st.data())
 def test_valid_encodings_read_the_same(cls: type, data: st.DataObject) -> None:
     value = data.draw(entities(cls))
-    encoded = ref_encode(value, lambda _s: data.draw(_tag_lists))
+    encoded = ref_encode(value, unknown_tags(data))
     read = fastreader.compile_reader(cls)
     assert read(encoded, 0) == (value, len(encoded))
     _agree(cls, encoded)
@@ -103,3 +103,33 @@ def test_a_bool_byte_other_than_0_or_1_is_refused() -> None:
         codec.decode(messages.ConnectGroupAlterConnectorsRequest, frame)
     assert codec.decode(messages.ConnectGroupAlterConnectorsRequest, b"\x01\x01\x02\x01\x01\x00")[0] \
         .validate_only is True
+
+
+def test_known_tagged_fields_default_repeat_and_unknown_neighbours() -> None:
+    """ConnectGroupDescribeResponse's tagged fields (issue 14): absent = the default, present =
+    read from their own bytes, a repeated tag keeps the last, unknown tags around them skipped;
+    both readers agree, and the compiled writer writes what kio writes."""
+    from connect_wire.messages import connect_group_describe_response_v0 as d
+
+    task = d.TaskId(connector="B", task=2)
+    member = d.Member(member_id="m", instance_id=None, worker_url=None, client_id="c",
+                      client_host="h", member_epoch=3, member_state="Stable",
+                      assignment=d.Assignment(), target_assignment=d.Assignment(),
+                      revoking_connectors=("B",), revoking_tasks=(task,))
+    plain = d.Member(member_id="m", instance_id=None, worker_url=None, client_id="c",
+                     client_host="h", member_epoch=3, member_state="Stable",
+                     assignment=d.Assignment(), target_assignment=d.Assignment())
+    for value in (member, plain):
+        assert codec.encode(value) == codec.kio_encode(value)
+        assert fastreader.compile_reader(d.Member)(codec.encode(value), 0)[0] == value
+        spliced = ref_encode(value, lambda s, top=value: [(7, b"junk"), (300, b"")]
+                             if s is top else [])
+        assert fastreader.compile_reader(d.Member)(spliced, 0) == (value, len(spliced))
+        _agree(d.Member, spliced)
+    # Tag 0 twice: the last one counts, as the walker reads it. (Tag 0's bytes: a compact
+    # array of one compact string, 02 02 'A'.)
+    body = codec.encode(plain)[:-1]  # without its (empty) tagged fields section
+    twice = body + b"\x02" + b"\x00\x03\x02\x02A" + b"\x00\x03\x02\x02B"
+    value, end = fastreader.compile_reader(d.Member)(twice, 0)
+    assert value.revoking_connectors == ("B",) and end == len(twice)
+    _agree(d.Member, twice)

@@ -89,8 +89,10 @@ class Member:
     "The member's current assignment."
     target_assignment: Assignment = field()
     "The member's target assignment."
-    revoking: Assignment | None = field(metadata={'tag': 0}, default=None)
-    "What the member must give up and has not yet reported stopped (it still owns it); null: nothing."
+    revoking_connectors: tuple[str, ...] = field(metadata={'kafka_type': 'string', 'tag': 0}, default=())
+    "The connectors the member must give up and has not yet reported stopped (it still owns them)."
+    revoking_tasks: tuple[TaskId, ...] = field(metadata={'tag': 1}, default=())
+    "The tasks the member must give up and has not yet reported stopped (it still owns them)."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

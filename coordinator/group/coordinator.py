@@ -1618,12 +1618,13 @@ class GroupCoordinator:
         members = []
         for mid, m in g.members.items():
             cur = g.current.get(mid, NEW_MEMBER_ASSIGNMENT)
+            revoking = assignment(cur.revoking)
             members.append(_desc.Member(
                 member_id=mid, instance_id=m.instance_id, worker_url=m.worker_url,
                 client_id=m.client_id, client_host=m.client_host, member_epoch=cur.epoch,
                 member_state=cur.state.label, assignment=assignment(cur.assigned),
                 target_assignment=assignment(g.target_items(mid)),
-                revoking=assignment(cur.revoking) if cur.revoking else None,
+                revoking_connectors=revoking.connectors, revoking_tasks=revoking.tasks,
             ))
         # Holds: what fenced members (no longer members) still own until their stop budget ran
         # out (issue 14: describe did not show who holds what, or until when).
