@@ -252,6 +252,10 @@ class Metrics:
             f"{NS}_sasl_sessions_expired",
             "Connections closed because their SASL session (connections.max.reauth.ms) ended "
             "without a re-authentication", registry=r)
+        self.sasl_plain_refused = Counter(
+            f"{NS}_sasl_plain_refused",
+            "PLAIN authentications failed at once because too many password derivations were "
+            "in progress (running or waiting)", registry=r)
         self.authorization_denied = Counter(
             f"{NS}_authorization_denied",
             "Requests (or items of a request) refused by the authorizer, by API and resource type",

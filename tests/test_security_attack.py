@@ -20,6 +20,7 @@ SASL_PLAINTEXT one (``connections.max.reauth.ms`` short, so sessions end in a te
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ from connect_wire.errors import ErrorCode
 from connect_wire.framing import encode_request_frame
 from connect_wire.messages import ConnectGroupAlterConnectorsRequest, ConnectGroupDescribeRequest
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
+from coordinator.security import sasl
 from coordinator.security.model import AclBinding, AclBindingFilter
 from coordinator.security.scram import credential_from_password
 from coordinator.security.state import credential_record, credential_tombstone
@@ -227,3 +229,51 @@ def test_a_deleted_credential_ends_the_session_only_at_re_authentication(
         r = c.scram("bob", "bob-pw")
         assert r.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
         assert c.closed()
+
+
+# -- found by the issue 13 review, fixed --------------------------------------------------------
+@pytest.fixture
+def plain_daemon(tmp_path: Path) -> Iterator[InProcess]:
+    append_offline(tmp_path / "data", [
+        credential_record("alice", credential_from_password(m, "alice-pw")) for m in MECHANISMS])
+    with InProcess(tmp_path, {
+            "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256,PLAIN", "sasl.plain.allow.insecure": True,
+            "log.fsync": "always"}) as d:
+        yield d
+
+
+# PLAIN's PBKDF2 ran on the loop's default executor, shared with every partition's fsync
+# (shard.py: asyncio.to_thread(self.log.sync)), unbounded, and a job whose client had gone was
+# still run (reading is paused while it waits, so the FIN is not seen). Unauthenticated clients
+# that send SaslHandshake(PLAIN) + SaslAuthenticate and close at once delayed every group write.
+# (The derivation is made slow here to keep the test short and deterministic.)
+def test_plain_derivations_of_gone_clients_do_not_hold_up_group_writes(
+        plain_daemon: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[float] = []
+    real_finish = sasl.PlainServer.finish
+
+    def slow_finish(self: sasl.PlainServer) -> bytes:
+        ran.append(time.monotonic())
+        time.sleep(0.5)  # a 16384-iteration SHA-512 derivation on a busy machine, x25
+        return real_finish(self)
+    monkeypatch.setattr(sasl.PlainServer, "finish", slow_finish)
+    hs = APIS[ApiKey.SASL_HANDSHAKE].request_class(1)(mechanism="PLAIN")
+    au = APIS[ApiKey.SASL_AUTHENTICATE].request_class(2)(auth_bytes=b"\0nobody\0x")
+    burst = (encode_request_frame(ApiKey.SASL_HANDSHAKE, 1, 1, "x", codec.encode(hs), 1)
+             + encode_request_frame(ApiKey.SASL_AUTHENTICATE, 2, 2, "x", codec.encode(au), 2))
+    for _ in range(40):  # 40 hostile clients, each gone right after sending
+        s = socket.create_connection(plain_daemon.address("SASL_PLAINTEXT"))
+        s.sendall(burst)
+        s.close()
+    time.sleep(0.2)
+    started = time.monotonic()
+    with Raw(plain_daemon.address("PLAINTEXT"), timeout=60) as c:
+        r = c.call(ApiKey.CONNECT_GROUP_ALTER_CONNECTORS, 0, ConnectGroupAlterConnectorsRequest(
+            group_id="g", validate_only=False, deletes=(),
+            upserts=(_alter.ConnectorSpec(name="c", task_count=1, config=()),)))
+    took = time.monotonic() - started
+    assert not r.error_code
+    assert took < 1.0, f"a group write took {took:.1f} s behind the PLAIN derivations"
+    time.sleep(1.0)
+    assert len(ran) < 40, "every gone client's derivation still ran"

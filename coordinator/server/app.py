@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ LOOP_LAG_PROBE_S = 0.1
 DENIAL_LOG_INTERVAL_S = 10.0  # an authorization denial is logged once per this per principal,
 DENIAL_LOG_KEYS = 10_000  # API and resource (the keys remembered: forgotten all at once past it)
 DECISIONS_CACHED = 50_000  # authorizer decisions remembered (all forgotten at once past it)
+PLAIN_THREADS = 2  # PLAIN's password derivations (PBKDF2): their own pool, not the default one
+PLAIN_MAX_PENDING = 16  # derivations running or waiting; past it a PLAIN attempt fails at once
 AUTH_FAILURE_LOG_INTERVAL_S = 10.0  # failed authentications: one line per peer host per this
 
 
@@ -408,6 +411,12 @@ class CoordinatorServer:
         self.max_reauth_ms = config["connections.max.reauth.ms"]
         self.auth_failure_delay_s = config["connection.failed.authentication.delay.ms"] / 1000
         self._auth_failures_logged: dict[str, list[float]] = {}
+        # PLAIN derives the password (PBKDF2) off the loop: on its own bounded pool, not the
+        # default executor that runs every partition's fsync (issue 13 review).
+        self.plain_executor = ThreadPoolExecutor(PLAIN_THREADS, thread_name_prefix="sasl-plain")
+        self.plain_pending = 0
+        self.plain_max_pending = PLAIN_MAX_PENDING
+        self._plain_refused_logged = (-AUTH_FAILURE_LOG_INTERVAL_S, 0)
         self.bound_listeners: dict[str, tuple[str, int]] = {}
         """Listener name -> bound (host, port), in the order of ``listeners``."""
         data_dir = Path(config["data.dir"])
@@ -477,6 +486,20 @@ class CoordinatorServer:
     def advertised_listeners(self) -> dict[str, tuple[str, int]]:
         """Every listener's advertised address (the node registry on etcd records them)."""
         return {ln.name: self.advertised_for(ln.name) for ln in self.listener_specs}
+
+    def plain_refused(self, peer: str, listener: str) -> None:
+        """A PLAIN attempt refused because PLAIN_MAX_PENDING derivations are in progress:
+        counted, and logged at most once per AUTH_FAILURE_LOG_INTERVAL_S."""
+        self.metrics.sasl_plain_refused.inc()
+        last, suppressed = self._plain_refused_logged
+        now = time.monotonic()
+        if now - last < AUTH_FAILURE_LOG_INTERVAL_S:
+            self._plain_refused_logged = (last, suppressed + 1)
+            return
+        log.warning("PLAIN authentication refused: too many password derivations in progress",
+                    peer=peer, listener=listener, limit=self.plain_max_pending,
+                    suppressed=suppressed)
+        self._plain_refused_logged = (now, 0)
 
     def auth_failure_logged(self, peer: str, listener: str, mechanism: str, user: str | None,
                             reason: str, reauth: bool) -> None:
@@ -774,6 +797,7 @@ class CoordinatorServer:
         if self._checkpointer is not None:
             self._checkpointer.cancel()
         await self.security_service.stop()
+        self.plain_executor.shutdown(wait=False, cancel_futures=True)
         if self.cluster is not None:
             # Leave, hand every partition over (commit, answer, release), revoke the lease.
             try:

@@ -84,6 +84,18 @@ _HEAVY_KEYS = frozenset({ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRI
 _DRAIN_SLICE_S = 0.005  # a backlog drain yields to the loop after this long
 _PEER_CLOSED = (7, 8)  # Linux TCP states CLOSE and CLOSE_WAIT (tcp_info.tcpi_state)
 
+
+
+def _peer_gone(sock: Any) -> bool:
+    """The peer closed (Linux TCP_INFO: CLOSE or CLOSE_WAIT); False when it cannot be told."""
+    if sock is None:
+        return False
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _PEER_CLOSED
+    except (AttributeError, OSError):
+        return False
+
+
 _Route = tuple[Any, type, bool, int]  # (API, request class, flexible request header, response header)
 _ROUTES: dict[tuple[int, int], _Route] = {}
 
@@ -758,11 +770,31 @@ class Connection(asyncio.Protocol):
         except mechanisms.SaslFailure as exc:
             self._sasl_stepped(sasl, slot, cls, exc)
             return
+        # On its own small pool (the default executor runs every partition's fsync), with a
+        # bound on the derivations waiting: past it the attempt fails at once (docs/security.md).
+        daemon = self.server
+        if daemon.plain_pending >= daemon.plain_max_pending:
+            daemon.plain_refused(self.peer, self.listener.name)
+            self._sasl_stepped(sasl, slot, cls, mechanisms.SaslFailure(
+                "Authentication failed: too many PLAIN authentications in progress"))
+            return
         sasl.state = BUSY
         self._stop(AUTH)
-        future = asyncio.get_running_loop().run_in_executor(None, server.finish)  # type: ignore[attr-defined]
+        daemon.plain_pending += 1
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        finish = server.finish  # type: ignore[attr-defined]
+
+        def derive() -> bytes:
+            # Reading is paused meanwhile, so the loop does not see a client that has gone: ask
+            # the kernel before the costly part (a gone client's derivation is not run).
+            if _peer_gone(sock):
+                raise mechanisms.SaslFailure("Authentication failed: the client has gone")
+            result: bytes = finish()
+            return result
+        future = asyncio.get_running_loop().run_in_executor(daemon.plain_executor, derive)
 
         def stepped(f: asyncio.Future[bytes]) -> None:
+            daemon.plain_pending -= 1
             if self._lost:
                 return
             exc = f.exception() if not f.cancelled() else mechanisms.SaslFailure("cancelled")
