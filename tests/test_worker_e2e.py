@@ -537,3 +537,62 @@ def test_rolling_restart_of_all_workers(cluster: Cluster) -> None:
     # Every process of every worker: all its starts were stopped (exits) or still run.
     t = cluster.assert_safe()
     assert len({iv.pid for iv in t.intervals}) == 6
+
+
+def test_config_update_restarts_only_that_connectors_instances(cluster: Cluster) -> None:
+    """Issue 14: `connectors update --config` used to store the config while the running
+    instances kept the old one. Now the workers that run the changed connector's items stop
+    each once and start it again with the new config, where it ran; the other connector's
+    instances are not touched, and nothing runs twice."""
+    workers = {"w1", "w2"}
+    for name in sorted(workers):
+        cluster.spawn(name)
+    owner = cluster.wait_converged(workers, "config_update.initial_s", timeout_s=30)
+    alpha = {i for i in configured_items() if i.split("/")[0] == "alpha"}
+    MEASURED["config_update.alpha_on"] = sorted({owner[i] for i in alpha})  # (usually both)
+    pids = {name: cluster.pid(name) for name in workers}
+    t0 = time.time()
+    r = run_cli("connectors", "update", "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP,
+                "alpha", "--config", "record.tag=v2")
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + CONVERGE_S
+    while True:
+        t = cluster.timeline()
+        tagged = {e["item"] for e in t.between(t0, event="start") if e.get("tag") == "v2"}
+        if tagged >= alpha:
+            break
+        assert time.monotonic() < deadline, (sorted(alpha - tagged), cluster.logs(tail=1500))
+        time.sleep(0.05)
+    MEASURED["config_update.restart_s"] = round(
+        max(e["ts"] for e in t.between(t0, event="start")) - t0, 3)
+    after = cluster.wait_converged(workers, "config_update.converged_s", since=t0)
+    assert not moves(owner, after), sorted(moves(owner, after))
+    assert {name: cluster.pid(name) for name in workers} == pids, "no worker restarted"
+    t = cluster.assert_safe()
+    since = t.between(t0)
+    for item in sorted(alpha):
+        mine = [(e["event"], e["pid"], e.get("tag")) for e in since if e["item"] == item]
+        # Stopped once, then started once with the new config, by the same process.
+        assert mine == [("stop", pids[owner[item]], None), ("start", pids[owner[item]], "v2")], (item, mine)
+    untouched = [e for e in since if e["item"].split("/")[0] != "alpha"]
+    assert not untouched, untouched
+    # Then the other connector: only its instances restart.
+    t1 = time.time()
+    r = run_cli("connectors", "update", "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP,
+                "beta", "--config", "record.tag=b2")
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + CONVERGE_S
+    beta = configured_items() - alpha
+    while {e["item"] for e in cluster.timeline().between(t1, event="start") if e.get("tag") == "b2"} < beta:
+        assert time.monotonic() < deadline, cluster.logs(tail=1500)
+        time.sleep(0.05)
+    cluster.wait_converged(workers, "config_update.second_s", since=t1)
+    t = cluster.assert_safe()
+    assert not [e for e in t.between(t1) if e["item"] in alpha]
+    # An update that changes nothing restarts nothing.
+    t2 = time.time()
+    r = run_cli("connectors", "update", "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP,
+                "beta", "--config", "record.tag=b2")
+    assert r.returncode == 0, r.stderr
+    time.sleep(1.0)
+    assert not cluster.timeline().between(t2)

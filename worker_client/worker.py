@@ -10,7 +10,9 @@ I/O around it:
   connection), feeds the response back, and carries out the actions in order: *revoke* (stop the
   instances within the stop budget, call ``on_revoked``, report at
   once), *assign* (fetch the connectors' configs, start the instances, call ``on_assigned``),
-  *lost* (stop everything, call ``on_lost``, rejoin with the same member id), *compute*
+  *reconfigure* (after the member epoch moved: fetch the configs again and restart, stop then
+  start, only the instances whose connector's config changed), *lost* (stop everything, call
+  ``on_lost``, rejoin with the same member id), *compute*
   (PrepareAssignment → assignor → InstallAssignment on the control connection, in the
   background). Revocations and assignments run one at a time in a task of their own while the
   loop keeps heartbeating (plain, not long-polled), so a stop that takes longer than the session
@@ -177,8 +179,21 @@ class _Instance:
     """start() was called and stop() not since: the plugin needs exactly one stop()."""
     counted: bool = False
     """Counted in the running-instances gauge."""
+    base: dict[str, str | None] | None = None
+    """The connector's config as fetched for the last start (without the worker's additions):
+    compared with a fresh fetch to find a config change (:class:`_Reconfigure`)."""
     stopping_crashed: bool = False
     """The supervisor is stopping an instance whose run() failed."""
+
+
+@dataclass(frozen=True)
+class _Reconfigure:
+    """The member epoch moved (a change of the group's connectors bumps the group epoch, and so
+    every member's epoch once the new target is installed): re-fetch the configs and restart the
+    instances whose connector's config changed. Queued behind the revocations and assignments
+    (one action at a time), so a restart never races a stop or start of the same item."""
+
+    member_epoch: int
 
 
 @dataclass
@@ -292,7 +307,7 @@ class Worker:
         self._compute: asyncio.Task[None] | None = None
         self._acting: asyncio.Task[None] | None = None
         self._draining = False
-        self._pending: deque[Revoke | Assign] = deque()
+        self._pending: deque[Revoke | Assign | _Reconfigure] = deque()
         self._running = False
         self._rebalance_started: float | None = None
         self._security_failure: SecurityError | None = None
@@ -451,11 +466,16 @@ class Worker:
                 if resp.error_code:
                     self.log.info("heartbeat error", error=error_name(resp.error_code),
                                   message=resp.error_message)
+                epoch = m.member_epoch
                 for action in m.on_response(resp, now_ms()):
                     if isinstance(action, Revoke | Assign):
                         self._pending.append(action)  # in order, one at a time (above)
                     else:
                         await self._act(action)  # Lost (at once), Compute (background), Fatal
+                if m.member_epoch > epoch > 0 and self.instances and not self._draining \
+                        and m.state != State.FAILED:
+                    # (issue 14: a config change did nothing to running work.)
+                    self._pending.append(_Reconfigure(m.member_epoch))
                 if resp.error_code in RETRY:  # (retried after min(interval, 1 s)): within the lease
                     now = now_ms()
                     m.next_heartbeat_ms = now + self._retry_delay_ms(max(0, m.next_heartbeat_ms - now))
@@ -617,6 +637,9 @@ class Worker:
                     await _call(self.listener.on_assigned, started)
                     m.assigned_started(started, now_ms())
                     self.log.info("assigned", items=_names(started))
+            elif isinstance(action, _Reconfigure):
+                if not self._draining:
+                    await self._reconfigure()
             elif isinstance(action, Lost):
                 self.metrics.lost.inc()
                 self._pending.clear()  # stale: the rejoin brings a fresh assignment
@@ -648,6 +671,43 @@ class Worker:
             self._rebalance_started = None
 
     # -- running work -------------------------------------------------------------------------
+    async def _reconfigure(self) -> None:
+        """Restart the instances whose connector's config changed (Kafka Connect restarts a
+        connector and its tasks on a config change): each is stopped within the stop budget
+        (the fail-stop rule, as a revocation), then started with the new config. The items stay
+        owned throughout (nothing is reported: no other worker may run them meanwhile);
+        instances of unchanged connectors are not touched. A connector that is gone is left to
+        its revocation."""
+        if not any(inst.base is not None for inst in self.instances.values()):
+            return
+        gen = self._lost_gen
+        try:
+            configs = await self._configs()
+        except SecurityError as exc:
+            self._refused(exc)
+            return
+        except ConnectionFailed as exc:
+            # (the next epoch change, or a crash restart, fetches again)
+            self.log.warning("cannot fetch connector configs to look for changes", error=str(exc))
+            return
+        m = self.membership
+        if gen != self._lost_gen or m.lease_expired(now_ms()) or self._draining:
+            return
+        changed = frozenset(
+            item for item, inst in self.instances.items()
+            if inst.base is not None and not inst.stopping and item in m.owned
+            and (new := configs.get(item.connector)) is not None and new != inst.base)
+        if not changed:
+            return
+        connectors = sorted({i.connector for i in changed})
+        self.log.info("connector config changed; restarting its instances",
+                      connectors=connectors, items=_names(changed))
+        await self._stop_items(changed)  # (_FailStopped: the action ends, nothing restarts)
+        if gen != self._lost_gen or m.lease_expired(now_ms()) or self._draining:
+            return  # the watchdog's Lost (or the drain) reports them stopped
+        for item in sorted(changed & m.owned & m.assigned):
+            await self._start(item, configs.get(item.connector))
+
     async def _configs(self) -> dict[str, dict[str, str | None]]:
         resp = await self.client.send(ConnectGroupDescribeRequest(group_ids=(self.config.group_id,)))
         (g,) = resp.groups
@@ -698,6 +758,7 @@ class Worker:
                     base = (await self._configs()).get(inst.item.connector)
                     if base is None:
                         raise PluginError(f"connector {inst.item.connector} has no config (deleted?)")
+                inst.base = base
                 config = {**base, "connector.name": inst.item.connector, "worker.id": self.worker_id}
                 if not inst.item.is_connector:
                     config["task.id"] = str(inst.item.task)

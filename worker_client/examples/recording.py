@@ -14,7 +14,9 @@ Use it as ``connector.class=worker_client.examples.recording:RecordingConnector`
 Optional config: ``stop.delay.ms`` (sleep before acknowledging a stop, to make revocations
 slow), ``fail.after.ms`` (the task's ``run`` raises after that long, to exercise restarts),
 ``tick.ms`` (while running, record a ``tick`` event that often: evidence that the instance
-still runs, even if its process is killed before it can record a stop).
+still runs, even if its process is killed before it can record a stop), ``record.tag`` (copied
+into every line as ``"tag"``: which config an instance runs with, e.g. after
+``connectors update --config record.tag=v2``, which restarts the connector's instances).
 
 Misbehaving on stop, to exercise the worker's fail-stop rule (docs/worker.md):
 
@@ -44,8 +46,11 @@ def _record(config: dict[str, str | None], item: str, event: str) -> None:
     path = config.get("record.file") or os.environ.get("CONNECT_WORKER_RECORD_FILE")
     if not path:
         return
-    line = json.dumps({"ts": time.time(), "worker": config.get("worker.id"), "item": item,
-                       "event": event, "pid": os.getpid()}) + "\n"
+    entry = {"ts": time.time(), "worker": config.get("worker.id"), "item": item,
+             "event": event, "pid": os.getpid()}
+    if config.get("record.tag") is not None:
+        entry["tag"] = config["record.tag"]  # which config the instance runs with
+    line = json.dumps(entry) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
