@@ -218,3 +218,41 @@ def test_a_real_prometheus_scrapes_the_coordinator(tmp_path: Path) -> None:
             assert float(up["value"][1]) == 1
         w.close()
         admin.close()
+
+
+def test_describe_text_shows_holds_and_never_none() -> None:
+    """``groups describe``'s text from a described group with nothing optional set (no assignor,
+    nobody computing, a dynamic member, an error without a message) and a hold: ``-`` where
+    there is no value, the hold's member, instance, end and items; ASSIGNED, not RUNNING."""
+    import io
+
+    from connect_wire.messages import connect_group_describe_response_v0 as d
+    from coordinator.cli import _group_dict, _write_group
+
+    items = d.Assignment(connectors=("orders",), tasks=(d.TaskId(connector="orders", task=1),))
+    member = d.Member(member_id="m-1", instance_id=None, worker_url=None, client_id="c",
+                      client_host="h", member_epoch=4, member_state="UnrevokedItems",
+                      assignment=d.Assignment(connectors=("orders",)), target_assignment=d.Assignment(),
+                      revoking_tasks=(d.TaskId(connector="orders", task=0),))
+    until = int(time.time() * 1000) + 12_000
+    group = d.DescribedGroup(error_code=10001, error_message=None, group_id="g",
+                             group_state="Reconciling", group_epoch=5, assignment_epoch=5,
+                             assignor_name=None, assigning_member_id=None, members=(member,),
+                             holds=(d.Hold(member_id="m-2", instance_id="w2", held_until_ms=until,
+                                           items=items),))
+    out = io.StringIO()
+    _write_group(out, {**_group_dict(group), "error": "NO_ASSIGNOR_COVERS_GROUP"})
+    text = out.getvalue()
+    assert "None" not in text and "RUNNING" not in text
+    assert "assignor=-  computing=-" in text and "NO_ASSIGNOR_COVERS_GROUP: -" in text
+    header, row = text.splitlines()[2:4]
+    assert header.split() == ["MEMBER", "INSTANCE", "EPOCH", "STATE", "ASSIGNED", "REVOKING", "TARGET"]
+    assert row.split() == ["m-1", "-", "4", "UnrevokedItems", "orders", "orders/0", "-"]
+    held = text.splitlines()[text.splitlines().index(
+        "HELD FOR FENCED MEMBERS (nobody runs these until the hold ends):") + 2]
+    assert held.split()[:2] == ["m-2", "w2"] and held.split()[-2:] == ["orders", "orders/1"]
+    assert _iso(until / 1000)[:19] in held and "(in 1" in held
+    (hold,) = _group_dict(group)["holds"]
+    assert (hold["member_id"], hold["instance_id"], hold["until_ms"], hold["items"]) == (
+        "m-2", "w2", until, ["orders", "orders/1"])
+    assert hold["until"].startswith(_iso(until / 1000)[:19]) and hold["until"].endswith("Z")
