@@ -20,6 +20,7 @@ SASL_PLAINTEXT one (``connections.max.reauth.ms`` short, so sessions end in a te
 
 from __future__ import annotations
 
+import base64
 import socket
 import time
 from collections.abc import Iterator
@@ -277,3 +278,19 @@ def test_plain_derivations_of_gone_clients_do_not_hold_up_group_writes(
     assert took < 1.0, f"a group write took {took:.1f} s behind the PLAIN derivations"
     time.sleep(1.0)
     assert len(ran) < 40, "every gone client's derivation still ran"
+
+
+def _server_first(d: InProcess, user: str) -> dict[str, str]:
+    with Raw(d.address("SASL_PLAINTEXT")) as c:
+        c.handshake("SCRAM-SHA-256")
+        r = c.authenticate(ScramClient(["SCRAM-SHA-256"], user, "x").get_client_first().encode())
+        return dict(p.split("=", 1) for p in r.auth_bytes.decode().split(","))
+
+
+# The made-up credential of an unknown user had a 16-byte salt, a real one (users add, online
+# or offline) 32 bytes: the server-first message told which user names exist.
+def test_server_first_does_not_tell_which_users_exist(plain_daemon: InProcess) -> None:
+    known, unknown = _server_first(plain_daemon, "alice"), _server_first(plain_daemon, "mallory")
+    assert len(base64.b64decode(known["s"])) == len(base64.b64decode(unknown["s"]))
+    assert known["i"] == unknown["i"]
+    assert unknown == {**_server_first(plain_daemon, "mallory"), "r": unknown["r"]}  # stable

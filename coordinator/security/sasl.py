@@ -32,7 +32,7 @@ from collections.abc import Callable
 from scramp import ScramException, ScramMechanism
 
 from coordinator.security import SCRAM_MECHANISMS, ScramCredential
-from coordinator.security.scram import salted_password
+from coordinator.security.scram import DEFAULT_ITERATIONS, salted_password
 
 PLAIN = "PLAIN"
 MECHANISMS = (PLAIN, *SCRAM_MECHANISMS)
@@ -63,9 +63,15 @@ class MechanismServer:
 
 
 def _fake(user: str, mechanism: str) -> ScramCredential:
-    digest = hmac.new(_SECRET, f"{mechanism}\0{user}".encode(), hashlib.sha512).digest()
+    """The made-up credential of an unknown user: looks like one of ``users add`` (a 32-byte
+    salt, DEFAULT_ITERATIONS), stable for a user within this process's lifetime (not across
+    restarts). A real user with other iterations stays distinguishable by them
+    (docs/security.md)."""
+    def part(label: str) -> bytes:
+        return hmac.new(_SECRET, f"{label}\0{mechanism}\0{user}".encode(), hashlib.sha512).digest()
     size = 32 if mechanism == "SCRAM-SHA-256" else 64
-    return ScramCredential(mechanism, digest[:16], digest[-size:], digest[:size], 4096)
+    return ScramCredential(mechanism, part("salt")[:32], part("stored")[:size],
+                           part("server")[:size], DEFAULT_ITERATIONS)
 
 
 class ScramServer(MechanismServer):
