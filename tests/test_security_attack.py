@@ -39,7 +39,7 @@ from connect_wire.framing import encode_request_frame
 from connect_wire.messages import ConnectGroupAlterConnectorsRequest, ConnectGroupDescribeRequest
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
 from coordinator.security import sasl
-from coordinator.security.model import AclBinding, AclBindingFilter
+from coordinator.security.model import AclBinding, AclBindingFilter, Authorizer
 from coordinator.security.scram import credential_from_password
 from coordinator.security.state import credential_record, credential_tombstone
 from coordinator.security.store import append_offline
@@ -294,3 +294,16 @@ def test_server_first_does_not_tell_which_users_exist(plain_daemon: InProcess) -
     assert len(base64.b64decode(known["s"])) == len(base64.b64decode(unknown["s"]))
     assert known["i"] == unknown["i"]
     assert unknown == {**_server_first(plain_daemon, "mallory"), "r": unknown["r"]}  # stable
+
+
+# Host ACLs matched the client's address by string; Python writes ::1, Kafka (Java's
+# getHostAddress) 0:0:0:0:0:0:0:1. A DENY written as Kafka writes it never applied.
+def test_an_ipv6_host_acl_matches_whatever_the_spelling() -> None:
+    a = Authorizer(acls=[
+        AclBinding.of("GROUP", "g", "User:*", "READ"),
+        AclBinding.of("GROUP", "g", "User:bob", "ALL", "DENY", host="0:0:0:0:0:0:0:1"),
+        AclBinding.of("GROUP", "g", "User:carol", "ALL", "DENY", host="10.0.0.1")])
+    assert not a.authorize("User:bob", "::1", "READ", "GROUP", "g")
+    assert a.authorize("User:bob", "127.0.0.1", "READ", "GROUP", "g")
+    assert not a.authorize("User:carol", "::ffff:10.0.0.1", "READ", "GROUP", "g")
+    assert a.authorize("User:carol", "10.0.0.2", "READ", "GROUP", "g")

@@ -23,12 +23,15 @@ Vocabulary (Kafka's codes, which are also the wire codes of the ACL APIs):
 6. else denied.
 
 Principals are Kafka's strings (``User:alice``; see :mod:`coordinator.security`); hosts are the
-client's IP address as a string. tests/test_security_model.py checks the authorizer against a
-brute-force reading of these rules.
+client's IP address, compared with an ACL's host as IP addresses when both are one
+(``0:0:0:0:0:0:0:1`` is ``::1``, ``::ffff:10.0.0.1`` is ``10.0.0.1``), else as strings.
+tests/test_security_model.py checks the authorizer against a brute-force reading of these rules.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -59,6 +62,27 @@ __all__ = [
 WILDCARD_RESOURCE = "*"
 WILDCARD_PRINCIPAL = "User:*"
 WILDCARD_HOST = "*"
+
+
+@functools.lru_cache(maxsize=4096)
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an IP address (an IPv4-mapped IPv6 one as its IPv4 address); None when it
+    is not one (a name: compared as a string)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _same_host(acl_host: str, host: str) -> bool:
+    """An ACL's host and a client's address are compared as IP addresses when both are one:
+    Kafka writes ``0:0:0:0:0:0:0:1`` (Java's getHostAddress), Python ``::1``; a client on an
+    IPv6 socket is ``::ffff:10.0.0.1`` for the ACL ``10.0.0.1``."""
+    a = _address(acl_host)
+    return a is not None and a == _address(host)
 
 
 class _Named(IntEnum):
@@ -408,7 +432,7 @@ class Authorizer:
             e = acl.entry
             if e.principal != principal and e.principal != WILDCARD_PRINCIPAL:
                 continue
-            if e.host != WILDCARD_HOST and e.host != host:
+            if e.host != WILDCARD_HOST and e.host != host and not _same_host(e.host, host):
                 continue
             if e.permission is Permission.DENY:
                 if e.operation is Operation.ALL or e.operation == op:
