@@ -305,6 +305,10 @@ SETTINGS: tuple[Setting, ...] = (
             _one_of(*tls.CLIENT_AUTH)),
     Setting("ssl.enabled.protocols", str, "TLSv1.2,TLSv1.3",
             "TLS versions accepted (Kafka's setting): TLSv1.2 and/or TLSv1.3.", tls.check_protocols),
+    Setting("ssl.handshake.timeout.ms", int, 10_000,
+            "A TLS handshake (SSL and SASL_SSL listeners) not done by then closes the connection "
+            "(a connection in its handshake does not count in socket.max.connections yet).",
+            _positive),
     Setting("sasl.enabled.mechanisms", str, "SCRAM-SHA-256,SCRAM-SHA-512",
             "SASL mechanisms of the SASL_PLAINTEXT and SASL_SSL listeners: SCRAM-SHA-256, "
             "SCRAM-SHA-512, PLAIN (PLAIN checks the password against the user's stored SCRAM "
@@ -323,6 +327,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("connection.failed.authentication.delay.ms", int, 100,
             "How long a failed SASL authentication waits before its answer, after which the "
             "connection is closed (Kafka's setting).", _non_negative),
+    Setting("sasl.authentication.timeout.ms", int, 10_000,
+            "A connection to a SASL listener not authenticated this long after it was accepted "
+            "(after its TLS handshake on SASL_SSL) is closed (not a Kafka setting).", _positive),
     Setting("authorizer", str, "none",
             "'none': every request is allowed (as Kafka without authorizer.class.name); 'acl': "
             "requests are checked against the ACLs (Kafka's StandardAuthorizer), super.users and "

@@ -44,6 +44,7 @@ from coordinator.security.scram import credential_from_password
 from coordinator.security.state import credential_record, credential_tombstone
 from coordinator.security.store import append_offline
 from tests.secure_server import Closed, InProcess, Raw
+from tests.tls_fixture import TlsFiles, tls_ca  # noqa: F401 (the fixture)
 
 USERS = {"alice": "alice-pw", "bob": "bob-pw"}
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -307,3 +308,50 @@ def test_an_ipv6_host_acl_matches_whatever_the_spelling() -> None:
     assert a.authorize("User:bob", "127.0.0.1", "READ", "GROUP", "g")
     assert not a.authorize("User:carol", "::ffff:10.0.0.1", "READ", "GROUP", "g")
     assert a.authorize("User:carol", "10.0.0.2", "READ", "GROUP", "g")
+
+
+def _closed_within(s: socket.socket, seconds: float) -> bool:
+    s.settimeout(seconds)
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+# Connections that never finished their TLS handshake, or never authenticated, were held until
+# socket.idle.timeout.ms (10 min): ssl.handshake.timeout.ms and sasl.authentication.timeout.ms.
+def test_silent_tls_and_unauthenticated_sasl_connections_are_closed(
+        tmp_path: Path, tls_ca: TlsFiles) -> None:  # noqa: F811
+    append_offline(tmp_path / "data", [
+        credential_record("alice", credential_from_password("SCRAM-SHA-256", "alice-pw"))])
+    with InProcess(tmp_path, {
+            "listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+            "ssl.certfile": str(tls_ca.server.cert), "ssl.keyfile": str(tls_ca.server.key),
+            "ssl.handshake.timeout.ms": 300, "sasl.authentication.timeout.ms": 300}) as d:
+        plain = socket.create_connection(d.address("PLAINTEXT"))
+        tls = socket.create_connection(d.address("SSL"))
+        sasl_ = socket.create_connection(d.address("SASL_PLAINTEXT"))
+        authenticated = _scram_login(d)
+        try:
+            assert _closed_within(tls, 5.0)
+            assert _closed_within(sasl_, 5.0)
+            assert not _closed_within(plain, 0.3)
+            assert authenticated.api_versions().error_code == 0
+        finally:
+            for s in (plain, tls, sasl_):
+                s.close()
+            authenticated.close()
+
+
+def _scram_login(d: InProcess) -> Raw:
+    c = Raw(d.address("SASL_PLAINTEXT"))
+    c.handshake("SCRAM-SHA-256")
+    client = ScramClient(["SCRAM-SHA-256"], "alice", "alice-pw")
+    r = c.authenticate(client.get_client_first().encode())
+    client.set_server_first(r.auth_bytes.decode())
+    r = c.authenticate(client.get_client_final().encode())
+    client.set_server_final(r.auth_bytes.decode())
+    time.sleep(0.6)  # past sasl.authentication.timeout.ms: authenticated, kept
+    return c

@@ -410,6 +410,8 @@ class CoordinatorServer:
                                           self.max_frame_bytes)
         self.max_reauth_ms = config["connections.max.reauth.ms"]
         self.auth_failure_delay_s = config["connection.failed.authentication.delay.ms"] / 1000
+        self.auth_timeout_s = config["sasl.authentication.timeout.ms"] / 1000
+        self.ssl_handshake_timeout_s = config["ssl.handshake.timeout.ms"] / 1000
         self._auth_failures_logged: dict[str, list[float]] = {}
         # PLAIN derives the password (PBKDF2) off the loop: on its own bounded pool, not the
         # default executor that runs every partition's fsync (issue 13 review).
@@ -658,7 +660,9 @@ class CoordinatorServer:
             try:
                 server = await loop.create_server(
                     lambda served=served: Connection(self, served), spec.host, spec.port,  # type: ignore[misc]
-                    reuse_address=True, ssl=served.ssl, start_serving=serve)
+                    reuse_address=True, ssl=served.ssl, start_serving=serve,
+                    **({"ssl_handshake_timeout": self.ssl_handshake_timeout_s}
+                       if served.ssl is not None else {}))
             except OSError as exc:  # a busy port: name it and the listener (issue 14)
                 raise StartupError(f"cannot listen on {_where(spec.host, spec.port)} (listener "
                                    f"{spec.name}): {_why(exc)}") from None

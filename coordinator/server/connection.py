@@ -219,6 +219,7 @@ class Connection(asyncio.Protocol):
         self._peer_closed = False  # seen in CLOSE_WAIT while paused for the budget
         self._eof = False  # the peer half-closed: close after the pending responses
         self._ctx = RequestContext(listener=listener.name)  # the last request's context: reused
+        self._auth_timer: asyncio.TimerHandle | None = None  # sasl.authentication.timeout.ms
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -234,6 +235,9 @@ class Connection(asyncio.Protocol):
         elif listener.sasl:
             self._sasl = _Sasl()
             self.decoder.max_frame_size = self.server.sasl_max_receive_bytes
+            # sasl.authentication.timeout.ms: not authenticated by then, closed.
+            self._auth_timer = asyncio.get_running_loop().call_later(
+                self.server.auth_timeout_s, self._auth_timed_out)
         self._ctx = RequestContext(client_host=self.peer, principal=self.principal,
                                    listener=listener.name)
         if not self.server.register(self):
@@ -241,9 +245,23 @@ class Connection(asyncio.Protocol):
             self.closed = True
             transport.abort()
 
+    def _auth_timed_out(self) -> None:
+        self._auth_timer = None
+        sasl = self._sasl
+        if self.closed or sasl is None or self.principal != ANONYMOUS:
+            return
+        self.server.auth_failure_logged(
+            self.peer, self.listener.name, sasl.mechanism, sasl.user,
+            "not authenticated within sasl.authentication.timeout.ms: closing", False)
+        self._count_auth(sasl.mechanism, False, False)
+        self.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._lost = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
         server = self.server
         server.held_bytes -= self._partial + self._queued + self._inflight
         self._partial = self._queued = self._inflight = self._heavy = 0
