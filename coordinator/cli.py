@@ -5,6 +5,9 @@
     connect-coordinator connectors update --group G NAME [--tasks N] [--config KEY=VALUE ...]
     connect-coordinator connectors delete --group G NAME [NAME ...]
     connect-coordinator connectors list --group G [--json]
+    connect-coordinator connectors describe --group G NAME [--json]
+    connect-coordinator connectors restart --group G NAME [--task N]
+    connect-coordinator connectors pause|resume|stop --group G NAME
     connect-coordinator groups list [--json]
     connect-coordinator groups describe G [G ...] [--json]
     connect-coordinator users list|add|delete ...      SCRAM users (coordinator/security/cli.py)
@@ -31,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from connect_wire import client_security
+from connect_wire import client_security, verbs
 from connect_wire.addresses import Address, parse_bootstrap
 from connect_wire.cliutil import StrictParser, add_version
 from connect_wire.errors import error_name
@@ -64,6 +67,16 @@ def _task_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of tasks") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value}: a connector has 0 or more tasks")
+    return value
+
+
+def _task_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a task number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: tasks are numbered from 0")
     return value
 
 
@@ -150,6 +163,23 @@ def parser() -> argparse.ArgumentParser:
     ls = admin(csub, "list", "list a group's connectors")
     ls.add_argument("--group", required=True)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
+    de = admin(csub, "describe", "one connector: task count, target state, restart counters, config")
+    de.add_argument("--group", required=True)
+    de.add_argument("name", help="connector name")
+    de.add_argument("--json", action="store_true", help="machine-readable output")
+    # Connect's verbs (issue 14): durable, as reserved config keys (connect_wire.verbs).
+    for action, text in (
+            ("restart", "restart a connector and all its tasks (--task N: only that task) where "
+                        "they run"),
+            ("pause", "pause a connector: its instances stop, its items stay assigned"),
+            ("resume", "resume a paused or stopped connector: its instances start again"),
+            ("stop", "stop a connector (Kafka Connect's STOPPED): its instances stop, its items "
+                     "stay assigned")):
+        v = admin(csub, action, text)
+        v.add_argument("--group", required=True, help="the worker group")
+        v.add_argument("name", help="connector name")
+        if action == "restart":
+            v.add_argument("--task", type=_task_id, metavar="N", help="restart only task N")
 
     groups = sub.add_parser("groups", help="list or describe groups")
     gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -203,6 +233,19 @@ def _until(ms: int, now_ms: int) -> str:
     return f"{at[:19]}Z ({f'in {left:.1f} s' if left > 0 else 'ending now'})"
 
 
+def _connector_dict(c: Any) -> dict[str, Any]:
+    """A connector as stored (``config``: every key, the verbs' reserved ones too) and its
+    verbs' state (issue 14, connect_wire.verbs): the target state, the restart counters, and
+    the config its plugins get."""
+    config = {e.name: e.value for e in c.config}
+    return {"name": c.name, "tasks": c.task_count, "config": config,
+            "state": verbs.target_state(config),
+            "restart_generation": verbs.counter(config, verbs.RESTART_GENERATION),
+            "task_restarts": {k[len(verbs.RESTART_TASK_PREFIX):]: verbs.counter(config, k)
+                              for k in sorted(config) if k.startswith(verbs.RESTART_TASK_PREFIX)},
+            "plugin_config": verbs.plugin_config(config)}
+
+
 def _group_dict(g: Any) -> dict[str, Any]:
     return {
         "group": g.group_id, "state": g.group_state,
@@ -234,22 +277,70 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join([fmt.format(*header), *(fmt.format(*map(str, r)) for r in rows)])
 
 
+def _verb_config(args: argparse.Namespace, old: Any) -> dict[str, str | None]:
+    """The connector's config after a verb (read-modify-write of the stored one)."""
+    config = {e.name: e.value for e in old.config}
+    if args.action == "restart":
+        if args.task is not None and args.task >= old.task_count:
+            raise CliError(f"connector {args.name} has no task {args.task} "
+                           f"(it has {old.task_count} task(s))")
+        key = verbs.RESTART_GENERATION if args.task is None else verbs.restart_task_key(args.task)
+        config[key] = str(verbs.counter(config, key) + 1)
+    else:
+        config[verbs.TARGET_STATE] = {"pause": verbs.PAUSED, "resume": verbs.RUNNING,
+                                      "stop": verbs.STOPPED}[args.action]
+    return config
+
+
+def _describe_text(c: dict[str, Any]) -> str:
+    tasks = [f"  task {t}: restart counter {c['task_restarts'][str(t)]}"
+             for t in range(c["tasks"]) if c["task_restarts"].get(str(t))]
+    return "\n".join([f"CONNECTOR {c['name']}", f"  state: {c['state']}", f"  tasks: {c['tasks']}",
+                      f"  restart generation: {c['restart_generation']}", *tasks,
+                      "  config:", *(f"    {k}={v}" for k, v in c["plugin_config"].items())]) + "\n"
+
+
 def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
     with _session(args) as client:
-        if args.action == "list":
+        if args.action in ("list", "describe"):
             (g,) = _describe(client, [args.group])
             _check(g.error_code if g.error_code != 10001 else 0, g.error_message)
-            connectors = _group_dict(g)["connectors"]
-            if args.json:
-                out.write(json.dumps(connectors, indent=2) + "\n")
+            connectors = [_connector_dict(c) for c in g.connectors]
+            if args.action == "describe":
+                found = [c for c in connectors if c["name"] == args.name]
+                if not found:
+                    raise CliError(f"connector {args.name} does not exist in group {args.group}")
+                out.write(json.dumps(found[0], indent=2) + "\n" if args.json
+                          else _describe_text(found[0]))
+            elif args.json:
+                out.write(json.dumps([{k: c[k] for k in ("name", "tasks", "config", "state")}
+                                      for c in connectors], indent=2) + "\n")
             else:
-                rows = [[c["name"], c["tasks"], ", ".join(f"{k}={v}" for k, v in c["config"].items())]
+                rows = [[c["name"], c["tasks"], c["state"],
+                         ", ".join(f"{k}={v}" for k, v in c["config"].items())]
                         for c in connectors]
-                out.write(_table(rows, ["CONNECTOR", "TASKS", "CONFIG"]) + "\n")
+                out.write(_table(rows, ["CONNECTOR", "TASKS", "STATE", "CONFIG"]) + "\n")
             return
         if args.action == "delete":
             req = ConnectGroupAlterConnectorsRequest(group_id=args.group, deletes=tuple(args.names),
                                                      validate_only=args.validate_only)
+        elif args.action in ("restart", "pause", "resume", "stop"):
+            # Read-modify-write through AlterConnectors (durable: stored and replayed like any
+            # config change). Not atomic: an update of the same connector between the read and
+            # the write is overwritten (the wire has no conditional alter).
+            (g,) = _describe(client, [args.group])
+            existing = {c.name: c for c in g.connectors} if g.error_code in (0, 10001) else {}
+            old = existing.get(args.name)
+            if old is None:
+                if g.error_code not in (0, 10001):
+                    _check(g.error_code, g.error_message)
+                raise CliError(f"connector {args.name} does not exist in group {args.group}")
+            config = _verb_config(args, old)
+            spec = _alter.ConnectorSpec(
+                name=args.name, task_count=old.task_count,
+                config=tuple(_alter.ConfigEntry(name=k, value=v) for k, v in sorted(config.items())))
+            req = ConnectGroupAlterConnectorsRequest(group_id=args.group, upserts=(spec,),
+                                                     validate_only=False)
         else:
             (g,) = _describe(client, [args.group])
             existing = {c.name: c for c in g.connectors} if g.error_code in (0, 10001) else {}
@@ -364,6 +455,10 @@ def _connector_class_problem(args: argparse.Namespace) -> str | None:
     if args.command != "connectors" or args.action not in ("create", "update"):
         return None
     given = dict(args.config)
+    reserved = sorted(k for k in given if verbs.is_reserved(k))
+    if reserved:
+        return (f"{', '.join(reserved)}: reserved for Connect's verbs (use 'connectors restart', "
+                "'pause', 'resume' or 'stop')")
     if args.action == "create" and "connector.class" not in given:
         return ("a connector needs --config connector.class=module:Class (or a plugin's entry "
                 "point name): the class a worker runs")

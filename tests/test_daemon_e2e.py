@@ -1069,11 +1069,31 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
         "--config", "connector.class=pkg:Sink", *b)
     cli("connectors", "update", "--group", "g", "src", "--tasks", "3", "--config", "topic=t1", *b)
     listed = json.loads(cli("connectors", "list", "--group", "g", "--json", *b))
-    assert listed == [{"name": "sink", "tasks": 1, "config": {"connector.class": "pkg:Sink"}},
-                      {"name": "src", "tasks": 3, "config": {"connector.class": "pkg:Source", "topic": "t1"}}]
+    assert listed == [{"name": "sink", "tasks": 1, "config": {"connector.class": "pkg:Sink"},
+                       "state": "RUNNING"},
+                      {"name": "src", "tasks": 3, "config": {"connector.class": "pkg:Source", "topic": "t1"},
+                       "state": "RUNNING"}]
     human = cli("connectors", "list", "--group", "g", *b).splitlines()
-    assert human[0].split() == ["CONNECTOR", "TASKS", "CONFIG"]
-    assert human[2].split() == ["src", "3", "connector.class=pkg:Source,", "topic=t1"]
+    assert human[0].split() == ["CONNECTOR", "TASKS", "STATE", "CONFIG"]
+    assert human[2].split() == ["src", "3", "RUNNING", "connector.class=pkg:Source,", "topic=t1"]
+    # Connect's verbs (issue 14): reserved config keys, read-modify-write through AlterConnectors.
+    assert "reserved" in cli("connectors", "update", "--group", "g", "src", "--config",
+                             "connect.target.state=PAUSED", *b, code=2)
+    cli("connectors", "pause", "--group", "g", "src", *b)
+    cli("connectors", "restart", "--group", "g", "src", "--task", "2", *b)
+    cli("connectors", "restart", "--group", "g", "src", *b)
+    desc = json.loads(cli("connectors", "describe", "--group", "g", "src", "--json", *b))
+    assert (desc["state"], desc["restart_generation"], desc["task_restarts"]) == ("PAUSED", 1, {"2": 1})
+    assert desc["plugin_config"] == {"connector.class": "pkg:Source", "topic": "t1"}
+    text = cli("connectors", "describe", "--group", "g", "src", *b)
+    assert "state: PAUSED" in text and "task 2: restart counter 1" in text
+    cli("connectors", "stop", "--group", "g", "src", *b)
+    assert "STOPPED" in cli("connectors", "list", "--group", "g", *b).splitlines()[2]
+    cli("connectors", "resume", "--group", "g", "src", *b)
+    listed = cli("connectors", "list", "--group", "g", *b).splitlines()
+    assert listed[2].split()[:3] == ["src", "3", "RUNNING"]
+    assert "does not exist" in cli("connectors", "stop", "--group", "g", "nope", *b, code=1)
+    assert "no task 3" in cli("connectors", "restart", "--group", "g", "src", "--task", "3", *b, code=1)
     # --validate-only changes nothing.
     assert cli("connectors", "delete", "--group", "g", "sink", "--validate-only", *b).startswith("valid:")
     assert len(json.loads(cli("connectors", "list", "--group", "g", "--json", *b))) == 2

@@ -596,3 +596,132 @@ def test_config_update_restarts_only_that_connectors_instances(cluster: Cluster)
     assert r.returncode == 0, r.stderr
     time.sleep(1.0)
     assert not cluster.timeline().between(t2)
+
+
+# == Connect's verbs (issue 14): restart, pause, resume, stop ====================================
+
+
+def _verb(cluster: Cluster, *args: str) -> None:
+    r = run_cli("connectors", *args, "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok: group"), r.stdout
+
+
+def _wait_events(cluster: Cluster, since: float, want: Any, what: str) -> Timeline:
+    deadline = time.monotonic() + CONVERGE_S
+    while True:
+        t = cluster.timeline()
+        if want(t.between(since)):
+            return t
+        assert time.monotonic() < deadline, (what, t.between(since), cluster.logs(tail=1500))
+        time.sleep(0.05)
+
+
+def _started_stopped(events: list[dict[str, Any]], items: set[str], event: str) -> dict[str, int]:
+    return {i: sum(1 for e in events if e["item"] == i and e["event"] == event) for i in items}
+
+
+def test_pause_resume_restart_and_task_restart(cluster: Cluster) -> None:
+    """pause: alpha's instances stop and stay stopped, beta's untouched; resume: they start;
+    restart: each of alpha's instances stops and starts once; restart --task 1: only alpha/1.
+    The plugin never sees the reserved keys (its recorded tag stays the same)."""
+    workers = {"w1", "w2"}
+    for name in sorted(workers):
+        cluster.spawn(name)
+    owner = cluster.wait_converged(workers, "verbs.initial_s", timeout_s=30)
+    alpha = {i for i in configured_items() if i.split("/")[0] == "alpha"}
+    pids = {name: cluster.pid(name) for name in workers}
+    # pause
+    t0 = time.time()
+    _verb(cluster, "pause", "alpha")
+    t = _wait_events(cluster, t0, lambda ev: set(_started_stopped(ev, alpha, "stop").values()) == {1},
+                     "paused")
+    MEASURED["verbs.pause_s"] = round(max(e["ts"] for e in t.between(t0)) - t0, 3)
+    time.sleep(1.5)  # stays stopped (several heartbeats, epochs settled)
+    t = cluster.assert_safe()
+    since = t.between(t0)
+    assert all(e["item"] in alpha and e["event"] == "stop" for e in since), since
+    assert not set(t.running()) & alpha
+    g = cluster.describe()  # the items stay assigned to the same workers
+    assigned = {i: m.instance_id for m in g.members for i in _items(m.assignment)}
+    assert assigned == owner
+    r = run_cli("connectors", "list", "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP)
+    assert r.returncode == 0 and "PAUSED" in r.stdout, r
+    # resume
+    t1 = time.time()
+    _verb(cluster, "resume", "alpha")
+    cluster.wait_converged(workers, "verbs.resume_s", since=t1)
+    t = cluster.assert_safe()
+    since = t.between(t1)
+    assert _started_stopped(since, alpha, "start") == {i: 1 for i in alpha}
+    assert all(e["item"] in alpha and e["event"] == "start" for e in since), since
+    assert all(e["pid"] == pids[owner[e["item"]]] for e in since)
+    # restart: the connector and all its tasks, once each
+    t2 = time.time()
+    _verb(cluster, "restart", "alpha")
+    _wait_events(cluster, t2, lambda ev: set(_started_stopped(ev, alpha, "start").values()) == {1},
+                 "restarted")
+    time.sleep(1.0)
+    cluster.wait_converged(workers, "verbs.restart_s", since=t2)
+    t = cluster.assert_safe()
+    since = t.between(t2)
+    for item in sorted(alpha):
+        mine = [(e["event"], e["pid"]) for e in since if e["item"] == item]
+        assert mine == [("stop", pids[owner[item]]), ("start", pids[owner[item]])], (item, mine)
+    assert not [e for e in since if e["item"] not in alpha]
+    # restart --task 1: only that task
+    t3 = time.time()
+    _verb(cluster, "restart", "alpha", "--task", "1")
+    _wait_events(cluster, t3, lambda ev: any(e["event"] == "start" for e in ev), "task restarted")
+    time.sleep(1.0)
+    t = cluster.assert_safe()
+    since = t.between(t3)
+    assert [(e["item"], e["event"]) for e in since] == [("alpha/1", "stop"), ("alpha/1", "start")]
+    assert {name: cluster.pid(name) for name in workers} == pids
+    # The plugin's config never carried the reserved keys (and no tag changed).
+    assert all("tag" not in e for e in t.events)
+    # No such connector / task: refused, exit 1.
+    r = run_cli("connectors", "pause", "nope", "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP)
+    assert r.returncode == 1 and "does not exist" in r.stderr, r
+    r = run_cli("connectors", "restart", "alpha", "--task", "9", "--bootstrap", cluster.daemon.bootstrap,
+                "--group", GROUP)
+    assert r.returncode == 1 and "no task 9" in r.stderr, r
+
+
+def test_paused_connector_stays_paused_across_a_coordinator_kill(cluster: Cluster) -> None:
+    """The verbs are durable: stop and pause are stored through AlterConnectors; after kill -9 of
+    the coordinator and a start on the same data dir, workers joining it run beta but never
+    alpha; resume then starts alpha."""
+    _verb(cluster, "pause", "alpha")
+    _verb(cluster, "restart", "beta", "--task", "2")
+    cluster.daemon.kill()
+    from tests.daemon_fixture import start
+    cluster.daemon = start(cluster.daemon.data_dir)
+    try:
+        r = run_cli("connectors", "describe", "alpha", "--json", "--bootstrap", cluster.daemon.bootstrap,
+                    "--group", GROUP)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["state"] == "PAUSED" and "connect.target.state" not in d["plugin_config"]
+        r = run_cli("connectors", "describe", "beta", "--json", "--bootstrap", cluster.daemon.bootstrap,
+                    "--group", GROUP)
+        assert json.loads(r.stdout)["task_restarts"] == {"2": 1}
+        alpha = {i for i in configured_items() if i.split("/")[0] == "alpha"}
+        beta = configured_items() - alpha
+        t0 = time.time()
+        for name in ("w1", "w2"):
+            cluster.spawn(name)
+        _wait_events(cluster, t0, lambda ev: {e["item"] for e in ev if e["event"] == "start"} >= beta,
+                     "beta runs")
+        time.sleep(2.0)
+        t = cluster.assert_safe()
+        assert set(t.running()) == beta, sorted(t.running())
+        assert not [e for e in t.between(t0) if e["item"] in alpha]
+        g = cluster.describe()
+        assert {i for m in g.members for i in _items(m.assignment)} == configured_items()
+        t1 = time.time()
+        _verb(cluster, "resume", "alpha")
+        cluster.wait_converged({"w1", "w2"}, "verbs.resume_after_kill_s", since=t1)
+    finally:
+        cluster.close()
+        cluster.daemon.stop()

@@ -53,6 +53,7 @@ from typing import Any
 
 import structlog
 
+from connect_wire import verbs
 from connect_wire.client_security import SECURITY_CODES, ClientSecurity, SecurityError
 from connect_wire.errors import ErrorCode, error_name
 from connect_wire.items import Item
@@ -472,9 +473,10 @@ class Worker:
                         self._pending.append(action)  # in order, one at a time (above)
                     else:
                         await self._act(action)  # Lost (at once), Compute (background), Fatal
-                if m.member_epoch > epoch > 0 and self.instances and not self._draining \
-                        and m.state != State.FAILED:
-                    # (issue 14: a config change did nothing to running work.)
+                if m.member_epoch > epoch > 0 and (self.instances or m.owned) \
+                        and not self._draining and m.state != State.FAILED:
+                    # (issue 14: a config change did nothing to running work; a paused
+                    # connector's items are owned with no instance.)
                     self._pending.append(_Reconfigure(m.member_epoch))
                 if resp.error_code in RETRY:  # (retried after min(interval, 1 s)): within the lease
                     now = now_ms()
@@ -672,13 +674,17 @@ class Worker:
 
     # -- running work -------------------------------------------------------------------------
     async def _reconfigure(self) -> None:
-        """Restart the instances whose connector's config changed (Kafka Connect restarts a
-        connector and its tasks on a config change): each is stopped within the stop budget
-        (the fail-stop rule, as a revocation), then started with the new config. The items stay
-        owned throughout (nothing is reported: no other worker may run them meanwhile);
-        instances of unchanged connectors are not touched. A connector that is gone is left to
-        its revocation."""
-        if not any(inst.base is not None for inst in self.instances.values()):
+        """Apply the connectors' configs to the owned items (issue 14): restart the instances
+        whose config changed (Kafka Connect restarts a connector and its tasks on a config
+        change) or whose restart counter was bumped (``connect.restart.generation``: the
+        connector and its tasks; ``connect.restart.task.N``: that task only), stop the instances
+        of a connector whose target state is PAUSED or STOPPED (its items stay owned: nothing is
+        reported), and start the owned items of a connector RUNNING again (connect_wire.verbs).
+        Each stop is within the stop budget (the fail-stop rule, as a revocation). The items
+        stay owned throughout (no other worker may run them meanwhile); instances of unchanged
+        connectors are not touched. A connector that is gone is left to its revocation."""
+        m = self.membership
+        if not self.instances and not m.owned:
             return
         gen = self._lost_gen
         try:
@@ -690,22 +696,45 @@ class Worker:
             # (the next epoch change, or a crash restart, fetches again)
             self.log.warning("cannot fetch connector configs to look for changes", error=str(exc))
             return
-        m = self.membership
         if gen != self._lost_gen or m.lease_expired(now_ms()) or self._draining:
             return
-        changed = frozenset(
-            item for item, inst in self.instances.items()
-            if inst.base is not None and not inst.stopping and item in m.owned
-            and (new := configs.get(item.connector)) is not None and new != inst.base)
-        if not changed:
+        restart: set[Item] = set()
+        pause: set[Item] = set()
+        resume: set[Item] = set()
+        for item in m.owned & m.assigned:  # (owned, not assigned: a revocation is queued)
+            new = configs.get(item.connector)
+            if new is None or item in self._stopping:
+                continue
+            running = verbs.target_state(new) == verbs.RUNNING
+            inst = self.instances.get(item)
+            if inst is None:
+                if running:
+                    resume.add(item)
+            elif inst.stopping:
+                continue
+            elif not running:
+                pause.add(item)
+            elif inst.base is not None and verbs.identity(item, new) != verbs.identity(item, inst.base):
+                restart.add(item)
+        if not (restart or pause or resume):
             return
-        connectors = sorted({i.connector for i in changed})
-        self.log.info("connector config changed; restarting its instances",
-                      connectors=connectors, items=_names(changed))
-        await self._stop_items(changed)  # (_FailStopped: the action ends, nothing restarts)
+        if pause:
+            self.log.info("connector paused or stopped; stopping its instances (the items stay "
+                          "assigned)", connectors=sorted({i.connector for i in pause}),
+                          items=_names(frozenset(pause)))
+        if restart:
+            self.log.info("connector config changed or restart requested; restarting instances",
+                          connectors=sorted({i.connector for i in restart}),
+                          items=_names(frozenset(restart)))
+        if resume:
+            self.log.info("connector running again; starting its instances",
+                          connectors=sorted({i.connector for i in resume}),
+                          items=_names(frozenset(resume)))
+        # (_FailStopped: the action ends, nothing restarts)
+        await self._stop_items(frozenset(restart | pause))
         if gen != self._lost_gen or m.lease_expired(now_ms()) or self._draining:
             return  # the watchdog's Lost (or the drain) reports them stopped
-        for item in sorted(changed & m.owned & m.assigned):
+        for item in sorted((restart | resume) & m.owned & m.assigned):
             await self._start(item, configs.get(item.connector))
 
     async def _configs(self) -> dict[str, dict[str, str | None]]:
@@ -744,6 +773,10 @@ class Worker:
     async def _start(self, item: Item, config: dict[str, str | None] | None) -> None:
         if item in self.instances:
             return
+        if config is not None and (state := verbs.target_state(config)) != verbs.RUNNING:
+            # Held, not run: started when the connector is resumed (_reconfigure).
+            self.log.info("not starting: the connector's target state is " + state, item=str(item))
+            return
         inst = _Instance(item, None, {})
         self.instances[item] = inst
         self._guard.poke()  # the lease backstop now watches this instance too
@@ -758,8 +791,15 @@ class Worker:
                     base = (await self._configs()).get(inst.item.connector)
                     if base is None:
                         raise PluginError(f"connector {inst.item.connector} has no config (deleted?)")
+                if verbs.target_state(base) != verbs.RUNNING:
+                    # (re-read after a failure: paused meanwhile; _reconfigure stops this)
+                    base = None
+                    await asyncio.sleep(1.0)
+                    continue
                 inst.base = base
-                config = {**base, "connector.name": inst.item.connector, "worker.id": self.worker_id}
+                # The plugin never sees the verbs' reserved keys (connect_wire.verbs).
+                config = {**verbs.plugin_config(base), "connector.name": inst.item.connector,
+                          "worker.id": self.worker_id}
                 if not inst.item.is_connector:
                     config["task.id"] = str(inst.item.task)
                 if self.membership.lease_expired(now_ms()):
