@@ -5,6 +5,7 @@
     connect-coordinator connectors update --group G NAME [--tasks N] [--config KEY=VALUE ...]
     connect-coordinator connectors delete --group G NAME [NAME ...]
     connect-coordinator connectors list --group G [--json]
+    connect-coordinator connectors status --group G NAME [--json]
     connect-coordinator connectors describe --group G NAME [--json]
     connect-coordinator connectors restart --group G NAME [--task N]
     connect-coordinator connectors pause|resume|stop --group G NAME
@@ -163,6 +164,11 @@ def parser() -> argparse.ArgumentParser:
     ls = admin(csub, "list", "list a group's connectors")
     ls.add_argument("--group", required=True)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
+    st = admin(csub, "status", "a connector's and its tasks' states as their workers report "
+                               "them (RUNNING, FAILED with the error and trace, RESTARTING)")
+    st.add_argument("--group", required=True)
+    st.add_argument("name", help="connector name")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
     de = admin(csub, "describe", "one connector: task count, target state, restart counters, config")
     de.add_argument("--group", required=True)
     de.add_argument("name", help="connector name")
@@ -261,7 +267,11 @@ def _group_dict(g: Any) -> dict[str, Any]:
                      "assignment": _items(m.assignment), "revoking": [*m.revoking_connectors,
                                                               *(f"{t.connector}/{t.task}"
                                                                 for t in m.revoking_tasks)],
-                     "target": _items(m.target_assignment)}
+                     "target": _items(m.target_assignment),
+                     # (issue 14, Status) as the worker last reported them, of what it owns
+                     "instances": [{"item": _item_name(s.connector, s.task), "state": s.state,
+                                    "error": s.error_message, "trace": s.trace}
+                                   for s in m.instance_states]}
                     for m in g.members],
         # Items held for fenced members (issue 14): nobody runs them until the hold ends.
         "holds": [{"member_id": h.member_id, "instance_id": h.instance_id,
@@ -269,6 +279,63 @@ def _group_dict(g: Any) -> dict[str, Any]:
                    "until": _utc(h.held_until_ms), "items": _items(h.items)}
                   for h in g.holds],
     }
+
+
+def _item_name(connector: str, task: int) -> str:
+    return connector if task < 0 else f"{connector}/{task}"
+
+
+def _status(g: Any, name: str) -> dict[str, Any]:
+    """``connectors status``: each instance of connector ``name`` (the connector, then its
+    tasks) with the member that owns it and the state that member's worker reported: RUNNING,
+    FAILED or RESTARTING (with the last error and its trace); ASSIGNED when owned with no
+    state reported yet (starting, paused, or the coordinator restarted and the worker has not
+    reported again); HELD while held for a fenced member; UNASSIGNED when nobody owns it."""
+    spec = next((c for c in g.connectors if c.name == name), None)
+    if spec is None:
+        raise CliError(f"connector {name} does not exist in group {g.group_id}")
+    owners: dict[str, Any] = {}
+    states: dict[str, Any] = {}
+    for m in g.members:
+        for item in (*_items(m.assignment), *m.revoking_connectors,
+                     *(f"{t.connector}/{t.task}" for t in m.revoking_tasks)):
+            owners[item] = m
+        for s in m.instance_states:
+            states[_item_name(s.connector, s.task)] = s
+    held = {item: h for h in g.holds for item in _items(h.items)}
+
+    def one(item: str) -> dict[str, Any]:
+        m = owners.get(item)
+        s = states.get(item) if m is not None else None
+        if m is None:
+            h = held.get(item)
+            return {"state": "HELD" if h is not None else "UNASSIGNED",
+                    "member_id": h.member_id if h is not None else None,
+                    "instance_id": h.instance_id if h is not None else None,
+                    "worker_url": None, "error": None, "trace": None}
+        return {"state": s.state if s is not None else "ASSIGNED", "member_id": m.member_id,
+                "instance_id": m.instance_id, "worker_url": m.worker_url,
+                "error": s.error_message if s is not None else None,
+                "trace": s.trace if s is not None else None}
+
+    return {"group": g.group_id, "connector": name, **one(name),
+            "tasks": [{"task": t, **one(f"{name}/{t}")} for t in range(spec.task_count)]}
+
+
+def _status_text(st: dict[str, Any]) -> str:
+    def text(value: Any) -> str:
+        return "-" if value is None or value == "" else str(value)
+
+    rows = [[x["item"], x["state"], text(x["instance_id"]), text(x["member_id"]),
+             text(x["worker_url"]), text(x["error"])]
+            for x in [{"item": st["connector"], **st}, *({"item": f"{st['connector']}/{t['task']}", **t}
+                                                        for t in st["tasks"])]]
+    lines = [_table(rows, ["INSTANCE", "STATE", "WORKER", "MEMBER", "URL", "ERROR"])]
+    for x in [{"item": st["connector"], **st},
+              *({"item": f"{st['connector']}/{t['task']}", **t} for t in st["tasks"])]:
+        if x["trace"]:
+            lines += [f"\nTRACE {x['item']} ({x['state']}):", x["trace"].rstrip("\n")]
+    return "\n".join(lines) + "\n"
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -302,6 +369,12 @@ def _describe_text(c: dict[str, Any]) -> str:
 
 def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
     with _session(args) as client:
+        if args.action == "status":  # (issue 14, Status)
+            (g,) = _describe(client, [args.group])
+            _check(g.error_code if g.error_code != 10001 else 0, g.error_message)
+            st = _status(g, args.name)
+            out.write(json.dumps(st, indent=2) + "\n" if args.json else _status_text(st))
+            return
         if args.action in ("list", "describe"):
             (g,) = _describe(client, [args.group])
             _check(g.error_code if g.error_code != 10001 else 0, g.error_message)
@@ -416,6 +489,11 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
                           "TARGET"]) + "\n")
     else:
         out.write("  no members\n")
+    states = [[m["member_id"], text(m["instance_id"]), i["item"], i["state"], text(i["error"])]
+              for m in g["members"] for i in m["instances"]]
+    if states:  # (issue 14: as the workers report them; traces in 'connectors status')
+        out.write("INSTANCE STATES (as the workers report them):\n")
+        out.write(_table(states, ["MEMBER", "WORKER", "ITEM", "STATE", "ERROR"]) + "\n")
     if g["holds"]:
         now_ms = time.time_ns() // 1_000_000
         out.write("HELD FOR FENCED MEMBERS (nobody runs these until the hold ends):\n")

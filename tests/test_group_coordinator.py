@@ -1457,3 +1457,95 @@ def test_install_may_hold_items_unassigned_only_with_a_scheduled_rebalance() -> 
     # When the delay passes, the group epoch is bumped and a computation starts.
     h.advance(5_000)
     assert g.epoch == prepared.group_epoch + 1 and h.assigner() == "W1"
+
+
+# == instance states (issue 14, Status) ============================================================
+
+
+def _states(*entries: tuple[str, str] | tuple[str, str, str, str]) -> tuple[Any, ...]:
+    out = []
+    for e in entries:
+        name, state = e[0], e[1]
+        connector, _, task = name.partition("/")
+        out.append(_hb.InstanceState(connector=connector, task=int(task) if task else -1,
+                                     state=state, error_message=e[2] if len(e) > 2 else None,
+                                     trace=e[3] if len(e) > 3 else None))
+    return tuple(out)
+
+
+def _described_states(h: Harness, member_id: str) -> dict[str, tuple[str, str | None, str | None]]:
+    (g,) = h.describe().groups
+    (m,) = [m for m in g.members if m.member_id == member_id]
+    return {(s.connector if s.task < 0 else f"{s.connector}/{s.task}"): (s.state, s.error_message, s.trace)
+            for s in m.instance_states}
+
+
+def test_instance_states_are_kept_in_memory_replaced_by_each_report_and_shown_for_owned_items() -> None:
+    h = Harness()
+    two_workers(h)
+    start = len(h.log)
+    trace = "Traceback (most recent call last):\n  ...\nRuntimeError: boom\n"
+    hb(h, "W1", instance_states=_states(("A", "RUNNING"), ("A/0", "FAILED", "RuntimeError('boom')", trace),
+                                        ("A/1", "RESTARTING", "RuntimeError('x')")))
+    assert _described_states(h, "W1") == {"A": ("RUNNING", None, None),
+                                           "A/0": ("FAILED", "RuntimeError('boom')", trace),
+                                           "A/1": ("RESTARTING", "RuntimeError('x')", None)}
+    assert _described_states(h, "W2") == {}  # nothing reported
+    assert h.log[start:] == []  # memory only: no record
+    # An absent report (the steady heartbeat) keeps them; a new one replaces them all.
+    hb(h, "W1")
+    assert _described_states(h, "W1")["A/0"][0] == "FAILED"
+    hb(h, "W1", instance_states=_states(("A", "RUNNING"), ("A/0", "RUNNING"), ("A/1", "RUNNING")))
+    assert {k: v[0] for k, v in _described_states(h, "W1").items()} == {
+        "A": "RUNNING", "A/0": "RUNNING", "A/1": "RUNNING"}
+    # A state of an item the member does not own is not shown.
+    hb(h, "W2", instance_states=_states(("B", "RUNNING"), ("A/0", "FAILED")))
+    assert _described_states(h, "W2") == {"B": ("RUNNING", None, None)}
+    # A trace longer than 8 KiB is cut.
+    hb(h, "W2", instance_states=_states(("B", "FAILED", "e", "x" * 20_000)))
+    assert len(_described_states(h, "W2")["B"][2] or "") == 8192
+    assert h.log[start:] == []
+
+
+def test_instance_states_go_with_the_member_and_a_rejoin_starts_from_nothing() -> None:
+    h = Harness()
+    two_workers(h)
+    hb(h, "W1", instance_states=_states(("A", "FAILED", "e")))
+    hb(h, "W2", instance_states=_states(("B", "FAILED", "e")))
+    g = h.group()
+    assert set(g.soft.instance_states) == {"W1", "W2"}
+    r = h.heartbeat("W2", -1)  # leaves
+    assert r.error_code == 0
+    assert set(g.soft.instance_states) == {"W1"}
+    (desc,) = h.describe().groups
+    assert [m.member_id for m in desc.members] == ["W1"]
+    # A rejoin (epoch 0, as after a fence) forgets the old report; the join's own report counts.
+    r = h.join("W1", owned=["A", "A/0", "A/1"], assignors=wire_assignors(h, "W1"))
+    assert r.error_code == 0
+    assert "W1" not in g.soft.instance_states
+    r = h.join("W1", owned=["A", "A/0", "A/1"], assignors=wire_assignors(h, "W1"),
+               instance_states=_states(("A", "RUNNING")))
+    assert r.error_code == 0
+    assert g.soft.instance_states["W1"] == {item("A"): ("RUNNING", None, None)}
+
+
+def test_instance_states_go_when_the_session_expires() -> None:
+    h = Harness()
+    two_workers(h)
+    hb(h, "W2", instance_states=_states(("B", "FAILED", "e")))
+    keep_alive(h, 60_000, alive=("W1",))
+    g = h.group()
+    assert "W2" not in g.members and "W2" not in g.soft.instance_states
+
+
+def test_a_state_report_is_not_answered_by_the_steady_fast_path() -> None:
+    h = Harness()
+    two_workers(h)
+    cur = h.group().current["W1"]
+    req = ConnectGroupHeartbeatRequest(group_id="g", member_id="W1", member_epoch=cur.epoch,
+                                       instance_states=_states(("A", "FAILED", "e")))
+    assert h.coordinator.steady_heartbeat(req, h.now, RequestContext(client_id="client-W1",
+                                                                      client_host="127.0.0.1")) is None
+    plain = ConnectGroupHeartbeatRequest(group_id="g", member_id="W1", member_epoch=cur.epoch)
+    assert h.coordinator.steady_heartbeat(plain, h.now, RequestContext(client_id="client-W1",
+                                                                        client_host="127.0.0.1")) is not None

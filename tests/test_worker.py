@@ -596,3 +596,56 @@ async def test_shutdown_longer_than_the_session_keeps_heartbeating(env: Env) -> 
     t = env.timeline()
     assert not t.problems, t.problems  # no item ran on a and b at once
     assert lost(a) == 0
+
+
+def test_instance_states_sent_on_join_and_only_when_they_change() -> None:
+    """Issue 14, Status: the states ride the heartbeat only when they changed since the last
+    answered one (the steady heartbeat stays small), in full on (re)join, again after a
+    failed heartbeat."""
+    a, a0 = Item.parse("A"), Item.parse("A/0")
+    m = Membership("g", ADS)
+    m.join(0)
+    m.instance_states = {}
+    assert m.heartbeat_request(0).instance_states == ()
+    m.on_response(_response(1, ("A", "A/0"), member_id="m"), 0)
+    m.assigned_started(frozenset({a, a0}), 0)
+    m.instance_states = {a: ("RUNNING", None, None), a0: ("FAILED", "RuntimeError('x')", "Traceback...")}
+    sent = m.heartbeat_request(10).instance_states
+    assert [(s.connector, s.task, s.state, s.error_message, s.trace) for s in sent] == [
+        ("A", -1, "RUNNING", None, None), ("A", 0, "FAILED", "RuntimeError('x')", "Traceback...")]
+    m.on_response(_response(1), 10)
+    assert m.heartbeat_request(20).instance_states == ()  # unchanged: not sent
+    m.on_response(_response(1), 20)
+    m.instance_states = {a: ("RUNNING", None, None), a0: ("RESTARTING", "RuntimeError('x')", "Traceback...")}
+    assert [s.state for s in m.heartbeat_request(30).instance_states] == ["RUNNING", "RESTARTING"]
+    assert m.on_response(_response(1, error=E.COORDINATOR_NOT_AVAILABLE), 30) == []
+    assert len(m.heartbeat_request(1000).instance_states) == 2  # not answered: sent again
+    m.on_response(_response(1), 1000)
+    assert m.heartbeat_request(1010).instance_states == ()
+    (action,) = m.on_response(_response(1, error=E.FENCED_MEMBER_EPOCH), 1010)
+    m.revoked(action.items, 1020)
+    m.instance_states = {a: ("RUNNING", None, None), a0: ("RESTARTING", "RuntimeError('x')", "Traceback...")}
+    rejoin = m.heartbeat_request(1030)
+    assert rejoin.member_epoch == 0 and len(rejoin.instance_states) == 2  # in full on a rejoin
+
+
+def test_failure_trace_is_bounded_and_keeps_the_error() -> None:
+    from worker_client.worker import TRACE_LIMIT, failure_trace
+
+    def deep(n: int) -> None:
+        if n == 0:
+            raise RuntimeError("the error at the bottom")
+        deep(n - 1)
+
+    try:
+        raise RuntimeError("long " * 4000 + "end of the error")
+    except RuntimeError as exc:
+        trace = failure_trace(exc)
+    assert len(trace) <= TRACE_LIMIT
+    assert trace.startswith("...(truncated)\n")
+    assert trace.rstrip().endswith("end of the error")
+    try:
+        deep(1)
+    except RuntimeError as exc:
+        short = failure_trace(exc)
+    assert short.startswith("Traceback (most recent call last):") and "in deep" in short

@@ -136,6 +136,11 @@ class Membership:
     _sent_owned: frozenset[Item] | None = None
     _sent_assignors: tuple[AssignorAd, ...] | None = None
     _sent_url: str | None = None
+    instance_states: dict[Item, tuple[str, str | None, str | None]] = field(default_factory=dict)
+    """The worker's instances' states (item -> (state, error, trace)), set by the worker before
+    each heartbeat (issue 14, Status): sent only when they changed, in full on join."""
+    _sent_states: dict[Item, tuple[str, str | None, str | None]] | None = None
+    _in_flight_states: dict[Item, tuple[str, str | None, str | None]] | None = None
     _in_flight: ConnectGroupHeartbeatRequest | None = field(default=None, repr=False)
     _sent_at_ms: int = 0
     failure: Fatal | None = None
@@ -207,6 +212,11 @@ class Membership:
             owned_connectors = tuple(connectors)
             owned_tasks = tuple(_hb.TaskId(connector=t.connector, task=t.task) for t in tasks)
         assignors = tuple(self.assignors)
+        states = self._in_flight_states = None
+        if self.instance_states and (full or self._sent_states != self.instance_states):
+            # (absent means unchanged: a report with no instance is never needed, as the
+            # coordinator shows states only of what the member owns)
+            states = self._in_flight_states = dict(self.instance_states)
         if max_wait_ms is None:
             # At most a third of the session: the lease runs from the send time of the last
             # answered heartbeat, so two long polls back to back must end well within it (a
@@ -229,6 +239,11 @@ class Membership:
             # Long-poll once the coordinator knows us (a first join, or anything sent after a
             # doubt, is answered at once); also at epoch 0 and while waiting for released items.
             max_wait_ms=wait if (self.member_id and not self.resend_all and not self.stopping_lost) else 0,
+            instance_states=() if states is None else tuple(
+                _hb.InstanceState(connector=item.connector, task=item.task, state=st,
+                                  error_message=err, trace=trace)
+                for item, (st, err, trace) in sorted(states.items())
+            ),
         )
         self._in_flight = req
         self._sent_at_ms = now_ms
@@ -270,6 +285,8 @@ class Membership:
                 self._sent_assignors = tuple(self.assignors)
             if sent.worker_url is not None:
                 self._sent_url = sent.worker_url
+            if self._in_flight_states is not None:
+                self._sent_states = self._in_flight_states
         # Fix: the coordinator counts the session from when it handled the request, which is
         # before its (possibly long-polled) answer arrives; counting from the answer made the
         # self-fencing in check_session fire after the coordinator could already have expired

@@ -46,6 +46,7 @@ import os
 import random
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -167,6 +168,17 @@ class WorkerRebalanceListener:
     def on_lost(self, items: frozenset[Item]) -> Any: ...
 
 
+RUNNING, FAILED, RESTARTING = "RUNNING", "FAILED", "RESTARTING"
+TRACE_LIMIT = 8192
+"""At most this many characters of a failure's traceback are kept, reported and logged (the
+end of it: the innermost frames and the error)."""
+
+
+def failure_trace(exc: BaseException, limit: int = TRACE_LIMIT) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text if len(text) <= limit else "...(truncated)\n" + text[-(limit - 15):]
+
+
 @dataclass
 class _Instance:
     item: Item
@@ -185,6 +197,15 @@ class _Instance:
     compared with a fresh fetch to find a config change (:class:`_Reconfigure`)."""
     stopping_crashed: bool = False
     """The supervisor is stopping an instance whose run() failed."""
+    state: str = RUNNING
+    """What the worker reports (issue 14, Status): RUNNING; FAILED from a failure of start() or
+    run() until the next attempt; RESTARTING while that attempt starts the plugin again."""
+    error: str | None = None
+    """The last failure: its error and traceback (bounded), reported with FAILED/RESTARTING."""
+    trace: str | None = None
+
+    def report(self) -> tuple[str, str | None, str | None]:
+        return (self.state, self.error, self.trace) if self.state != RUNNING else (RUNNING, None, None)
 
 
 @dataclass(frozen=True)
@@ -430,6 +451,7 @@ class Worker:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), min(wait, 1.0))
                     continue
+                m.instance_states = {item: inst.report() for item, inst in self.instances.items()}
                 req = m.heartbeat_request(now, keepalive=busy)
                 gen = self._lost_gen
                 self._inflight = asyncio.create_task(self.client.send(
@@ -810,7 +832,10 @@ class Worker:
                 inst.plugin = cls()
                 inst.config = config
                 inst.started = True
+                if inst.error is not None:
+                    inst.state = RESTARTING
                 await asyncio.wait_for(inst.plugin.start(config), self.stop_deadline_s * 2)
+                inst.state = RUNNING
                 self.metrics.running.inc()
                 inst.counted = True
                 run = getattr(inst.plugin, "run", None)
@@ -829,8 +854,11 @@ class Worker:
                     return
                 inst.restarts += 1
                 self.metrics.failures.inc()
-                self.log.error("instance failed; restarting", item=str(inst.item), error=repr(exc),
-                          restarts=inst.restarts, retry_in_s=round(delay, 2))
+                inst.state = FAILED
+                inst.error = repr(exc)[:1024]
+                inst.trace = failure_trace(exc)
+                self.log.error("instance failed; restarting", item=str(inst.item), error=inst.error,
+                               restarts=inst.restarts, retry_in_s=round(delay, 2), trace=inst.trace)
                 if inst.started:
                     # Fix: the crashed instance is stopped here, once; _stop_one used to stop it
                     # a second time (and decrement the running gauge twice) when the item was

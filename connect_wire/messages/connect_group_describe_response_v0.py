@@ -65,6 +65,25 @@ class Assignment:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceState:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 10003
+    __header_schema__: ClassVar[type | None] = ResponseHeader
+    connector: str = field(metadata={'kafka_type': 'string'})
+    "The connector."
+    task: int = field(metadata={'kafka_type': 'int32'})
+    "The task's index, or -1 for the connector instance itself."
+    state: str = field(metadata={'kafka_type': 'string'})
+    "RUNNING, FAILED or RESTARTING."
+    error_message: str | None = field(metadata={'kafka_type': 'string'}, default=None)
+    "The last failure's error (FAILED, RESTARTING after a failure), or null."
+    trace: str | None = field(metadata={'kafka_type': 'string'}, default=None)
+    "The last failure's traceback (at most 8 KiB), or null."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Member:
     __type__: ClassVar = EntityType.nested
     __version__: ClassVar[int] = 0
@@ -93,6 +112,8 @@ class Member:
     "The connectors the member must give up and has not yet reported stopped (it still owns them)."
     revoking_tasks: tuple[TaskId, ...] = field(metadata={'tag': 1}, default=())
     "The tasks the member must give up and has not yet reported stopped (it still owns them)."
+    instance_states: tuple[InstanceState, ...] = field(metadata={'tag': 2}, default=())
+    "The last reported state of each instance the member owns (absent: none reported since it joined or since the coordinator started)."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

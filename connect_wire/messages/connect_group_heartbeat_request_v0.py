@@ -45,6 +45,25 @@ class TaskId:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceState:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 10000
+    __header_schema__: ClassVar[type | None] = RequestHeader
+    connector: str = field(metadata={'kafka_type': 'string'})
+    "The connector."
+    task: int = field(metadata={'kafka_type': 'int32'})
+    "The task's index, or -1 for the connector instance itself."
+    state: str = field(metadata={'kafka_type': 'string'})
+    "RUNNING, FAILED or RESTARTING."
+    error_message: str | None = field(metadata={'kafka_type': 'string'}, default=None)
+    "The last failure's error (FAILED, RESTARTING after a failure), or null."
+    trace: str | None = field(metadata={'kafka_type': 'string'}, default=None)
+    "The last failure's traceback (at most 8 KiB), or null."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectGroupHeartbeatRequest:
     __type__: ClassVar = EntityType.request
     __version__: ClassVar[int] = 0
@@ -71,3 +90,5 @@ class ConnectGroupHeartbeatRequest:
     "null if it didn't change since the last heartbeat; the tasks the worker runs now otherwise. Must be non-null (possibly empty) on join."
     max_wait_ms: int = field(metadata={'kafka_type': 'int32'}, default=0)
     "Long poll: the coordinator may hold the response up to this many milliseconds and answers as soon as anything in it would differ; 0 answers at once."
+    instance_states: tuple[InstanceState, ...] = field(metadata={'tag': 0}, default=())
+    "Absent (empty) if unchanged since the last heartbeat; the state of every instance the worker runs otherwise (all of them: it replaces the previous report). Sent in full on join. Kept in the coordinator's memory only."

@@ -207,6 +207,11 @@ def _uuid_member_id() -> str:
 _validate_assignors = validate_assignors  # shared with replay (coordinator.group.validation)
 
 
+def _bounded(text: str | None, limit: int = 8192) -> str | None:
+    """A reported error or trace, at most ``limit`` characters (the worker bounds them too)."""
+    return text if text is None or len(text) <= limit else text[:limit]
+
+
 def _validate_items(connectors: Iterable[str] | None, tasks: Iterable[Any] | None, what: str) -> str | None:
     for c in connectors or ():
         if not c:
@@ -373,7 +378,8 @@ class GroupCoordinator:
         epoch = req.member_epoch
         if (epoch <= 0 or req.rebalance_timeout_ms != -1 or req.client_assignors is not None
                 or req.owned_connectors is not None or req.owned_tasks is not None
-                or req.worker_url is not None or req.max_wait_ms < 0 or not req.group_id):
+                or req.worker_url is not None or req.max_wait_ms < 0 or not req.group_id
+                or req.instance_states):  # (a state report: kept by the full handler)
             return None
         g = self.state.groups.get(req.group_id)
         if g is None or g.epoch > g.assignment_epoch:
@@ -664,6 +670,7 @@ class GroupCoordinator:
             joined = False
 
         owned = self._reported_owned(g, member_id, req)
+        self._reported_states(g, member_id, req, joining=epoch == 0)
         before = g.current[member_id]
         self._after(txn, g, now_ms)  # a computation may be needed before reconciling
         self._reconcile(txn, g, member_id, owned, now_ms)
@@ -696,6 +703,19 @@ class GroupCoordinator:
             heartbeat_interval_ms=interval_ms,
             should_compute_assignment=should_compute,
             assignment=self._assignment(g, after) if (joined or full or changed) else None,
+        )
+
+    @staticmethod
+    def _described_states(g: Group, member_id: str, owned: frozenset[Item]) -> tuple[Any, ...]:
+        """The member's reported instance states, only of what it owns now (a report can be
+        older than its last revocation)."""
+        states = g.soft.instance_states.get(member_id)
+        if not states:
+            return ()
+        return tuple(
+            _desc.InstanceState(connector=item.connector, task=item.task, state=st,
+                                error_message=err, trace=trace)
+            for item, (st, err, trace) in sorted(states.items()) if item in owned
         )
 
     def _assignment(self, g: Group, cur: CurrentAssignment) -> Any:
@@ -740,6 +760,21 @@ class GroupCoordinator:
         if connectors is None or tasks is None:
             return None
         return connectors | tasks
+
+    def _reported_states(
+        self, g: Group, member_id: str, req: ConnectGroupHeartbeatRequest, joining: bool
+    ) -> None:
+        """Keep the instance states the member reports (issue 14, Status): a non-empty list
+        replaces its previous report, an absent one leaves it; a join starts from nothing.
+        Soft state only: a restarted or new coordinator learns them from the next full report."""
+        if joining:
+            g.soft.instance_states.pop(member_id, None)
+        if req.instance_states:
+            g.soft.instance_states[member_id] = {
+                Item(s.connector, s.task): (s.state[:32], _bounded(s.error_message),
+                                            _bounded(s.trace))
+                for s in req.instance_states
+            }
 
     def _check_epoch(
         self, txn: _Txn, g: Group, member_id: str, req: ConnectGroupHeartbeatRequest, now_ms: int
@@ -1101,6 +1136,7 @@ class GroupCoordinator:
         soft.session_deadline.pop(member_id, None)
         soft.rebalance_deadline.pop(member_id, None)
         soft.reported_owned.pop(member_id, None)
+        soft.instance_states.pop(member_id, None)
         soft.dirty.discard(member_id)
         txn.timer(SESSION, g.group_id, member_id, None)
         txn.timer(REBALANCE, g.group_id, member_id, None)
@@ -1625,6 +1661,7 @@ class GroupCoordinator:
                 member_state=cur.state.label, assignment=assignment(cur.assigned),
                 target_assignment=assignment(g.target_items(mid)),
                 revoking_connectors=revoking.connectors, revoking_tasks=revoking.tasks,
+                instance_states=self._described_states(g, mid, cur.owned),
             ))
         # Holds: what fenced members (no longer members) still own until their stop budget ran
         # out (issue 14: describe did not show who holds what, or until when).

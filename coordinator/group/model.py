@@ -168,6 +168,10 @@ class SoftState:
     hold_deadline: dict[str, int] = field(default_factory=dict)  # fenced member -> release at
     hold_instance: dict[str, str | None] = field(default_factory=dict)  # fenced member -> its
     # instance id (for describe and the log; unknown after a load)
+    instance_states: dict[str, dict[Item, tuple[str, str | None, str | None]]] = field(
+        default_factory=dict
+    )  # member -> item -> (state, error, trace) as last reported (issue 14, Status): memory only,
+    # never in records (a new coordinator learns them again from the workers' full heartbeats)
     rebalance_started: tuple[int, int] | None = None
     """(wall-clock ms, group epoch) of the bump that started the rebalance in progress; None
     while the group is Stable or Empty (for the ``rebalance completed`` event's duration)."""

@@ -13,6 +13,8 @@ written with one ``write`` on an ``O_APPEND`` file, so several worker processes 
 Use it as ``connector.class=worker_client.examples.recording:RecordingConnector``.
 Optional config: ``stop.delay.ms`` (sleep before acknowledging a stop, to make revocations
 slow), ``fail.after.ms`` (the task's ``run`` raises after that long, to exercise restarts),
+``fail.mode=start`` (every task's ``start`` raises: the task stays FAILED, retried with backoff;
+the connector instance itself runs),
 ``tick.ms`` (while running, record a ``tick`` event that often: evidence that the instance
 still runs, even if its process is killed before it can record a stop), ``record.tag`` (copied
 into every line as ``"tag"``: which config an instance runs with, e.g. after
@@ -58,6 +60,10 @@ def _record(config: dict[str, str | None], item: str, event: str) -> None:
         os.close(fd)
 
 
+def _fail_on_purpose(item: str) -> None:
+    raise RuntimeError(f"{item}: start() failed on purpose (fail.mode=start)")
+
+
 def _first(path: str | None) -> bool:
     """True for the first caller to create ``path`` (always True without a path)."""
     if not path:
@@ -81,6 +87,8 @@ class RecordingTask:
         task = config.get("task.id")
         name = str(config["connector.name"])
         self.item = f"{name}/{task}" if task is not None else name
+        if self.fails and config.get("fail.mode") == "start":
+            _fail_on_purpose(self.item)
         _record(config, self.item, "start")
 
     def _tick_s(self) -> float | None:
@@ -93,7 +101,7 @@ class RecordingTask:
             _record(self.config, self.item, "tick")
             time.sleep(tick)
 
-    fails = True  # fail.after.ms applies (tasks only)
+    fails = True  # fail.after.ms and fail.mode apply (tasks only)
 
     async def run(self) -> None:
         if self.config.get("stop.mode") == "thread":
