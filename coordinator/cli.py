@@ -288,12 +288,18 @@ def _item_name(connector: str, task: int) -> str:
 def _status(g: Any, name: str) -> dict[str, Any]:
     """``connectors status``: each instance of connector ``name`` (the connector, then its
     tasks) with the member that owns it and the state that member's worker reported: RUNNING,
-    FAILED or RESTARTING (with the last error and its trace); ASSIGNED when owned with no
-    state reported yet (starting, paused, or the coordinator restarted and the worker has not
-    reported again); HELD while held for a fenced member; UNASSIGNED when nobody owns it."""
+    FAILED or RESTARTING (with the last error and its trace); PAUSED or STOPPED when owned and
+    the connector's target state is that (nothing runs); ASSIGNED when owned with no state
+    reported yet (starting, or the coordinator restarted and the worker has not reported
+    again); HELD while held for a fenced member; UNASSIGNED when nobody owns it."""
     spec = next((c for c in g.connectors if c.name == name), None)
     if spec is None:
         raise CliError(f"connector {name} does not exist in group {g.group_id}")
+    from connect_wire.verbs import RUNNING, target_state
+    target = target_state({e.name: e.value for e in spec.config})
+    # A PAUSED or STOPPED connector's items stay owned with no instance running (nothing is
+    # reported for them): shown as the target state, as Kafka Connect's status does.
+    idle = "ASSIGNED" if target == RUNNING else target
     owners: dict[str, Any] = {}
     states: dict[str, Any] = {}
     for m in g.members:
@@ -313,12 +319,14 @@ def _status(g: Any, name: str) -> dict[str, Any]:
                     "member_id": h.member_id if h is not None else None,
                     "instance_id": h.instance_id if h is not None else None,
                     "worker_url": None, "error": None, "trace": None}
-        return {"state": s.state if s is not None else "ASSIGNED", "member_id": m.member_id,
+        if target != RUNNING:
+            s = None  # paused or stopped: nothing runs, whatever was reported before
+        return {"state": s.state if s is not None else idle, "member_id": m.member_id,
                 "instance_id": m.instance_id, "worker_url": m.worker_url,
                 "error": s.error_message if s is not None else None,
                 "trace": s.trace if s is not None else None}
 
-    return {"group": g.group_id, "connector": name, **one(name),
+    return {"group": g.group_id, "connector": name, "target_state": target, **one(name),
             "tasks": [{"task": t, **one(f"{name}/{t}")} for t in range(spec.task_count)]}
 
 

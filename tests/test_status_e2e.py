@@ -93,6 +93,16 @@ def test_failing_plugin_is_reported_failed_with_its_traceback(cluster: Cluster) 
     # A connector that is not there.
     r = run_cli("connectors", "status", "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP, "nope")
     assert r.returncode != 0 and "nope does not exist" in r.stderr
+    # Paused: its items stay owned with nothing running; status says PAUSED (as Kafka
+    # Connect), then RUNNING again once resumed.
+    for verb, want in (("pause", "PAUSED"), ("resume", "RUNNING")):
+        r = run_cli("connectors", verb, "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP, "good")
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 30
+        while set(_states(st := _status(cluster, "good")).values()) != {want}:
+            assert time.monotonic() < deadline, (verb, _states(st))
+            time.sleep(0.2)
+        assert st["target_state"] == ("PAUSED" if verb == "pause" else "RUNNING")
 
     # A worker leaves: its states go; the other worker takes its items and reports them.
     cluster.terminate("w2")
