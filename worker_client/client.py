@@ -209,6 +209,10 @@ class KrpcConnection:
             future = self._pending.popleft()[3]
             if not future.done():
                 future.set_exception(error)
+                # A request that already gave up (its timeout) no longer awaits this future:
+                # mark the exception seen, or asyncio logs "Future exception was never
+                # retrieved" when the future is collected.
+                future.exception()
         if self._writer is not None:
             self._writer.close()
         if self._reauth_task is not None and self._reauth_task is not asyncio.current_task():
