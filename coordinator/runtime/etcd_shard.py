@@ -96,7 +96,7 @@ class EtcdShard(Shard):
         try:
             await self._load_from_etcd()
         except Deposed as exc:
-            self._lose(f"deposed while loading: {exc}")
+            self.lose(f"deposed while loading: {exc}")
             return
         except LOAD_CONTENT_ERRORS as exc:  # what etcd holds cannot be served: fail it here
             self._load_failed(exc)
@@ -106,7 +106,7 @@ class EtcdShard(Shard):
                       partition=self.partition, error=repr(exc))
             with contextlib.suppress(Exception):
                 await self.store.release()
-            self._lose(f"load failed: {exc!r}")
+            self.lose(f"load failed: {exc!r}")
             return
         self.metrics.partition_load_seconds.observe(time.monotonic() - started)
         self.state = ACTIVE
@@ -167,7 +167,7 @@ class EtcdShard(Shard):
             return
         log.info("partition released", partition=self.partition, still_owned=released)
 
-    def _lose(self, why: str) -> None:
+    def lose(self, why: str) -> None:
         """The partition is no longer ours (deposed, lease lost): answer everything
         NOT_COORDINATOR, stop timers and the consumer, tell the node."""
         if self.state == UNOWNED:
@@ -187,10 +187,6 @@ class EtcdShard(Shard):
         self.store.deposed = True
         if self.on_lost is not None:
             self.on_lost(self, why)
-
-    def lose(self, why: str) -> None:
-        """The node lost its lease: drop the partition now (no write, no answer)."""
-        self._lose(why)
 
     def _answer(self, parked: Any, response: Any) -> None:
         if self.state == UNOWNED and self.heartbeat_error is not None:
@@ -224,7 +220,7 @@ class EtcdShard(Shard):
                 self.core.rollback(result)
                 self._fail_event(ev, ErrorCode.NOT_COORDINATOR,
                                  f"this node no longer owns partition {self.partition}")
-            self._lose(f"deposed: {exc}")
+            self.lose(f"deposed: {exc}")
             return False
         except CommitRefused as exc:
             log.error("etcd refused a commit", partition=self.partition, error=str(exc))
@@ -270,7 +266,7 @@ class EtcdShard(Shard):
                 await self._load_from_etcd(again=True)
                 break
             except Deposed as exc:
-                self._lose(f"deposed while reloading: {exc}")
+                self.lose(f"deposed while reloading: {exc}")
                 return
             except LOAD_CONTENT_ERRORS as exc:
                 self._load_failed(exc)

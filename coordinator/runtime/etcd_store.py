@@ -724,13 +724,13 @@ class EtcdPartitionStore:
                             and exc.code() in _DEFINITE_REFUSALS)
                 if definite and applied == 0:
                     raise CommitRefused(f"partition {self.partition}: etcd refused the write "
-                                        f"(nothing written): {_describe(exc)}") from exc
+                                        f"(nothing written): {describe_error(exc)}") from exc
                 if definite:
                     reason = (f"etcd refused transaction {applied + 1} of {len(txns)} after "
-                              f"applying {applied}: {_describe(exc)}")
+                              f"applying {applied}: {describe_error(exc)}")
                     self.needs_reload = reason
                     raise ReloadRequired(f"partition {self.partition}: {reason}") from exc
-                reason = f"the outcome of a commit is unknown: {_describe(exc)}"
+                reason = f"the outcome of a commit is unknown: {describe_error(exc)}"
                 self.needs_reload = reason
                 raise OutcomeUnknown(f"partition {self.partition}: {reason}") from exc
             self.txns_sent += 1
@@ -780,10 +780,6 @@ async def release_owner_key(client: Etcd3Client, prefix: str, partition: int, le
 
 def describe_error(exc: BaseException) -> str:
     """A one-line description of an etcd client error (gRPC code and details)."""
-    return _describe(exc)
-
-
-def _describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     if isinstance(exc, EtcdTransientError | EtcdConnectionError):
