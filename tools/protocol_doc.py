@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from pathlib import Path
 
 from connect_wire.apis import APIS
 from connect_wire.errors import FIRST_CUSTOM_CODE, ErrorCode
