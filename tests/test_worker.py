@@ -629,6 +629,18 @@ def test_instance_states_sent_on_join_and_only_when_they_change() -> None:
     assert rejoin.member_epoch == 0 and len(rejoin.instance_states) == 2  # in full on a rejoin
 
 
+def test_failure_error_and_trace_stay_within_the_coordinators_bounds_in_utf8_bytes() -> None:
+    from connect_wire.instance_states import TEXT_LIMIT_BYTES
+    from worker_client.worker import failure_error, failure_trace
+
+    try:
+        raise RuntimeError("\u20ac" * 4_000 + " the end")  # 4,000 characters, 12,000 bytes
+    except RuntimeError as exc:
+        trace, error = failure_trace(exc), failure_error(exc)
+    assert len(trace.encode()) <= TEXT_LIMIT_BYTES and trace.rstrip().endswith("the end")
+    assert len(error.encode()) <= 1024 and error.startswith("RuntimeError('\u20ac")
+
+
 def test_failure_trace_is_bounded_and_keeps_the_error() -> None:
     from worker_client.worker import TRACE_LIMIT, failure_trace
 

@@ -57,6 +57,7 @@ import structlog
 from connect_wire import verbs
 from connect_wire.client_security import SECURITY_CODES, ClientSecurity, SecurityError
 from connect_wire.errors import ErrorCode, error_name
+from connect_wire.instance_states import FAILED, RESTARTING, RUNNING, TEXT_LIMIT_BYTES, utf8_tail
 from connect_wire.items import Item
 from connect_wire.messages import (
     ConnectGroupDescribeRequest,
@@ -168,15 +169,19 @@ class WorkerRebalanceListener:
     def on_lost(self, items: frozenset[Item]) -> Any: ...
 
 
-RUNNING, FAILED, RESTARTING = "RUNNING", "FAILED", "RESTARTING"
-TRACE_LIMIT = 8192
-"""At most this many characters of a failure's traceback are kept, reported and logged (the
-end of it: the innermost frames and the error)."""
+TRACE_LIMIT = TEXT_LIMIT_BYTES
+"""At most this many UTF-8 bytes of a failure's traceback are kept, reported and logged (the
+end of it: the innermost frames and the error), what the coordinator keeps."""
+ERROR_LIMIT = 1024
+"""At most this many UTF-8 bytes of a failure's ``repr`` (its start: the type and message)."""
 
 
 def failure_trace(exc: BaseException, limit: int = TRACE_LIMIT) -> str:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return text if len(text) <= limit else "...(truncated)\n" + text[-(limit - 15):]
+    return utf8_tail("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), limit)
+
+
+def failure_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
+    return repr(exc).encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
 
 
 @dataclass
@@ -855,7 +860,7 @@ class Worker:
                 inst.restarts += 1
                 self.metrics.failures.inc()
                 inst.state = FAILED
-                inst.error = repr(exc)[:1024]
+                inst.error = failure_error(exc)
                 inst.trace = failure_trace(exc)
                 self.log.error("instance failed; restarting", item=str(inst.item), error=inst.error,
                                restarts=inst.restarts, retry_in_s=round(delay, 2), trace=inst.trace)
