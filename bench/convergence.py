@@ -344,7 +344,8 @@ def run_loop(main: Coroutine[Any, Any, float]) -> float:
 
 def measure(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any]], dict[int, float]]:
     env = {"CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": str(args.session_timeout_ms),
-           "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": str(INTERVAL_MS)}
+           "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": str(INTERVAL_MS),
+           "CONNECT_COORDINATOR_GROUP_CONNECT_MAX_SIZE": "1000000"}  # (any group size measured)
     if args.fsync:
         env["CONNECT_COORDINATOR_LOG_FSYNC"] = args.fsync
     samples: list[dict[str, Any]] = []

@@ -104,7 +104,8 @@ ASSIGNOR = AssignorSpec("incremental", 1, 1, 0, 1, b"")
 BATCH = 500  # records per log batch
 WINDOW = 256  # heartbeats in flight
 DAEMON_ENV = {"CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": "300000",
-              "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "200"}  # quick wire setup
+              "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "200",
+              "CONNECT_COORDINATOR_GROUP_CONNECT_MAX_SIZE": "1000000"}  # quick setup; any scale
 SETTLE_S = 0.25
 SETTLE_KIB = 64
 FRAMES = 4  # tracemalloc frames: enough to step out of generated __init__/__new__

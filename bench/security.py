@@ -51,6 +51,7 @@ USERS = {"bench-256": ("SCRAM-SHA-256", "bench-password-256"),
          "bench-512": ("SCRAM-SHA-512", "bench-password-512")}
 DAEMON_ENV = {"CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": "300000",
               "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "200",
+              "CONNECT_COORDINATOR_GROUP_CONNECT_MAX_SIZE": "1000000",  # (scale, not the cap)
               "CONNECT_COORDINATOR_SOCKET_MAX_CONNECTIONS": "100000"}
 HANDSHAKES = (  # (row name, listener, sasl user or None)
     ("PLAINTEXT", "PLAINTEXT", None),

@@ -40,7 +40,8 @@ GROUP = "bench-throughput"
 TASKS_PER_MEMBER = 2
 TASKS_PER_CONNECTOR = 20
 DAEMON_ENV = {"CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": "300000",
-              "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "200"}  # quick setup
+              "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "200",
+              "CONNECT_COORDINATOR_GROUP_CONNECT_MAX_SIZE": "1000000"}  # quick setup; any scale
 
 
 async def setup_members(host: str, port: int, count: int, timeout_s: float = 300.0

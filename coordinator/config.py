@@ -243,7 +243,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("group.connect.max.heartbeat.interval.ms", int, _G.max_heartbeat_interval_ms,
             "Upper bound of the heartbeat interval.", _positive),
     Setting("group.connect.max.size", int, _G.max_size,
-            "Maximum members per group (GROUP_MAX_SIZE_REACHED beyond).", _positive),
+            "Maximum members per group; a member joining beyond it gets GROUP_MAX_SIZE_REACHED "
+            "(Kafka's error; finite here: every member costs memory while it stays, "
+            "docs/security.md).", _positive),
     Setting("group.connect.max.tasks", int, _G.max_tasks,
             f"Most items (connectors plus their tasks) one group may configure; "
             f"ConnectGroupAlterConnectors beyond it gets INVALID_REQUEST. At most {MAX_TASKS_CEILING:,}.",

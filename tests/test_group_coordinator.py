@@ -1549,3 +1549,111 @@ def test_a_state_report_is_not_answered_by_the_steady_fast_path() -> None:
     plain = ConnectGroupHeartbeatRequest(group_id="g", member_id="W1", member_epoch=cur.epoch)
     assert h.coordinator.steady_heartbeat(plain, h.now, RequestContext(client_id="client-W1",
                                                                         client_host="127.0.0.1")) is not None
+
+
+# == what one member may make the coordinator keep ================================================
+
+
+def test_reports_longer_than_the_group_and_the_member_can_hold_are_refused_writing_nothing() -> None:
+    h = Harness()
+    two_workers(h)  # 5 items; W1 owns 3
+    start = len(h.log)
+    cur = h.group().current["W1"]
+    # 5 + 3 entries: still what a worker may name (e.g. a rejoin racing deletes)
+    r = h.heartbeat("W1", cur.epoch, owned=["A", "A/0", "A/1"] + [f"X/{i}" for i in range(5)])
+    assert r.error_code == 0
+    r = h.heartbeat("W1", cur.epoch, owned=["A", "A/0", "A/1"] + [f"X/{i}" for i in range(6)])
+    assert r.error_code == E.INVALID_REQUEST
+    assert r.error_message == ("OwnedConnectors and OwnedTasks name 9 items; group g configures 5 "
+                               "and the member owns 3.")
+    r = h.heartbeat("W1", cur.epoch, instance_states=_states(*((f"X/{i}", "RUNNING") for i in range(9))))
+    assert r.error_code == E.INVALID_REQUEST
+    assert r.error_message == ("InstanceStates has 9 entries; group g configures 5 items and the "
+                               "member owns 3.")
+    # A new member of a group it does not know yet may name nothing it runs.
+    r = h.join("W9", group_id="other", owned=["A"])
+    assert (r.error_code, h.group("other")) == (E.INVALID_REQUEST, None)
+    assert h.log[start:] == [] and h.current("W1") == (2, ["A", "A/0", "A/1"])
+    assert "W1" in h.group().members  # refused, not fenced
+
+
+def test_only_the_members_own_items_are_kept_of_its_reports() -> None:
+    h = Harness()
+    two_workers(h)
+    g = h.group()
+    # W2 names W1's items and items of no connector: only its own are kept.
+    hb(h, "W2", owned=["B", "B/0", "A/0", "Z", "Z/3"],
+       instance_states=_states(("B", "RUNNING"), ("A/0", "FAILED", "e"), ("Z/3", "FAILED", "e")))
+    assert g.soft.reported_owned["W2"] == (frozenset(items(["B"])), frozenset(items(["B/0"])))
+    assert g.soft.instance_states["W2"] == {item("B"): ("RUNNING", None, None)}
+    assert h.current("W1") == (2, ["A", "A/0", "A/1"])
+
+
+def test_a_worker_still_reporting_a_task_just_deleted_is_not_fenced() -> None:
+    h = Harness()
+    two_workers(h)
+    assert h.alter({"A": 1}).error_code == 0  # A/1 is gone while W1 still runs it
+    cur = h.group().current["W1"]
+    r = h.heartbeat("W1", cur.epoch, owned=["A", "A/0", "A/1"],
+                    instance_states=_states(("A", "RUNNING"), ("A/1", "RUNNING")))
+    assert r.error_code == 0 and "W1" in h.group().members
+    r = h.heartbeat("W1", r.member_epoch, owned=["A", "A/0"])
+    assert r.error_code == 0
+    assert h.group().soft.reported_owned["W1"] == (frozenset(items(["A"])), frozenset(items(["A/0"])))
+
+
+@pytest.mark.parametrize("entry, message", [
+    (("A", "PAUSED"), "InstanceStates A: State 'PAUSED' is not one of FAILED, RESTARTING, RUNNING."),
+    (("A", ""), "InstanceStates A: State '' is not one of FAILED, RESTARTING, RUNNING."),
+    (("/0", "RUNNING"), "InstanceStates must not contain an empty connector name."),
+    (("A/-2", "RUNNING"), "InstanceStates must not contain a negative task id (A/-2)."),
+])
+def test_an_instance_state_the_protocol_does_not_define_is_refused(entry: Any, message: str) -> None:
+    h = Harness()
+    two_workers(h)
+    start = len(h.log)
+    r = h.heartbeat("W1", h.group().current["W1"].epoch, instance_states=_states(entry))
+    assert (r.error_code, r.error_message) == (E.INVALID_REQUEST, message)
+    assert "W1" not in h.group().soft.instance_states and h.log[start:] == []
+
+
+def test_error_and_trace_keep_their_last_8_kib_of_utf8_on_a_character_boundary() -> None:
+    h = Harness()
+    two_workers(h)
+    trace = "Traceback (most recent call last):\n" + "\u00e9\u20ac" * 5_000 + "\nRuntimeError: the end\n"
+    error = "\U0001f600" * 3_000 + "last words"
+    hb(h, "W2", instance_states=_states(("B", "FAILED", error, trace)))
+    _, kept_error, kept_trace = _described_states(h, "W2")["B"]
+    for kept, whole in ((kept_error, error), (kept_trace, trace)):
+        assert kept is not None and len(kept.encode()) <= 8192
+        assert kept.startswith("...(truncated)\n")
+        body = kept[len("...(truncated)\n"):]
+        assert whole.endswith(body) and len(body.encode()) > 8192 - 20
+    assert kept_trace.endswith("RuntimeError: the end\n")
+    # 2,100 characters of 4 bytes: within 8 KiB of characters, 8,400 bytes: cut.
+    hb(h, "W2", instance_states=_states(("B", "FAILED", "\U0001f600" * 2_100)))
+    assert len(_described_states(h, "W2")["B"][1].encode()) <= 8192
+
+
+def test_a_member_describing_itself_with_more_than_16_kib_is_refused() -> None:
+    h = Harness()
+    h.alter({"A": 1})
+    big = (assignor(metadata=b"x" * 16_384),)
+    r = h.join("W1", assignors=big)
+    assert r.error_code == E.INVALID_REQUEST
+    assert r.error_message.startswith("ClientAssignors, WorkerUrl and InstanceId take 16,")
+    assert h.join("W1", assignors=(assignor(metadata=b"x" * 8_000),),
+                  worker_url="http://w1:8083").error_code == 0
+    r = h.heartbeat("W1", 0, worker_url="http://" + "w" * 17_000)
+    assert r.error_code == E.INVALID_REQUEST and h.group().members["W1"].worker_url == "http://w1:8083"
+
+
+def test_the_default_group_size_is_finite_with_kafkas_error_past_it() -> None:
+    assert GroupCoordinatorConfig().max_size == 1_000
+    h = Harness(GroupCoordinatorConfig(max_size=3))
+    for m in ("W1", "W2", "W3"):
+        assert h.join(m).error_code == 0
+    r = h.join("W4")
+    assert (r.error_code, r.error_message) == (
+        E.GROUP_MAX_SIZE_REACHED, "Group g has reached its maximum size (3 members).")
+    assert h.join("W1").error_code == 0  # a member already in the group may rejoin

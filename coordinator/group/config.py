@@ -31,8 +31,12 @@ class GroupCoordinatorConfig:
     heartbeat_interval_ms: int = 3_000
     min_heartbeat_interval_ms: int = 100
     max_heartbeat_interval_ms: int = 60_000
-    max_size: int = 2**31 - 1
-    """``group.connect.max.size``: members per group."""
+    max_size: int = 1_000
+    """``group.connect.max.size``: members per group; a join beyond it gets
+    GROUP_MAX_SIZE_REACHED. Kafka leaves its consumer groups' bound unlimited; here every member
+    costs memory for as long as it stays, and anyone allowed to READ a group may join it, so the
+    default is finite: well above any Connect cluster's workers (hundreds), small enough that
+    a full group of members describing themselves at the limit stays within tens of MB."""
     max_tasks: int = 100_000
     """``group.connect.max.tasks``: items (connectors plus their tasks) a group may configure."""
     empty_group_retention_ms: int = 7 * 24 * 3600 * 1000

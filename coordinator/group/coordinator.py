@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from connect_wire.errors import ErrorCode, error_name
+from connect_wire.instance_states import utf8_tail
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
     ConnectGroupAlterConnectorsResponse,
@@ -96,7 +97,13 @@ from .model import (
 from .reconciliation import next_assignment
 from .records import assignment_bytes, connectors_log_bytes
 from .state import CoordinatorState, ReplayError
-from .validation import validate_assignors, validate_connector
+from .validation import (
+    validate_assignors,
+    validate_connector,
+    validate_instance_states,
+    validate_member_metadata_size,
+    validate_report_size,
+)
 
 E = ErrorCode
 
@@ -207,9 +214,9 @@ def _uuid_member_id() -> str:
 _validate_assignors = validate_assignors  # shared with replay (coordinator.group.validation)
 
 
-def _bounded(text: str | None, limit: int = 8192) -> str | None:
-    """A reported error or trace, at most ``limit`` characters (the worker bounds them too)."""
-    return text if text is None or len(text) <= limit else text[:limit]
+def _bounded(text: str | None) -> str | None:
+    """A reported error or trace: its last 8 KiB of UTF-8 (connect_wire.instance_states)."""
+    return text if text is None else utf8_tail(text)
 
 
 def _validate_items(connectors: Iterable[str] | None, tasks: Iterable[Any] | None, what: str) -> str | None:
@@ -254,7 +261,9 @@ def validate_heartbeat(req: ConnectGroupHeartbeatRequest) -> str | None:
         problem = _validate_assignors(req.client_assignors)
         if problem:
             return problem
-    return _validate_items(req.owned_connectors, req.owned_tasks, "Owned")
+    return (_validate_items(req.owned_connectors, req.owned_tasks, "Owned")
+            or validate_instance_states(req.instance_states or ())
+            or validate_member_metadata_size(req.client_assignors, req.worker_url, req.instance_id))
 
 
 def _assignors_from(req_assignors: Iterable[Any]) -> tuple[AssignorSpec, ...]:
@@ -649,6 +658,7 @@ class GroupCoordinator:
         self, txn: _Txn, req: ConnectGroupHeartbeatRequest, now_ms: int, ctx: RequestContext
     ) -> Any:
         epoch = req.member_epoch
+        self._check_report_size(req)
         if epoch == 0:
             g, member_id, joined = self._join(txn, req, now_ms, ctx)
         else:
@@ -705,6 +715,25 @@ class GroupCoordinator:
             assignment=self._assignment(g, after) if (joined or full or changed) else None,
         )
 
+    def _check_report_size(self, req: ConnectGroupHeartbeatRequest) -> None:
+        """INVALID_REQUEST for owned lists or states longer than any worker of the group can
+        send (validation.validate_report_size): checked before anything else, in O(1)."""
+        reported = len(req.owned_connectors or ()) + len(req.owned_tasks or ())
+        states = len(req.instance_states or ())
+        if not reported and not states:
+            return
+        g = self.state.groups.get(req.group_id)
+        owned = 0
+        if g is not None:
+            # (a static member taking over its instance gets what the instance held)
+            for mid in (req.member_id, g.static_members.get(req.instance_id or "")):
+                cur = g.current.get(mid) if mid else None
+                owned += len(cur.assigned) + len(cur.revoking) if cur is not None else 0
+        problem = validate_report_size(req.group_id, reported, states,
+                                       len(g.configured) if g is not None else 0, owned)
+        if problem:
+            raise _Reject(E.INVALID_REQUEST, problem)
+
     @staticmethod
     def _described_states(g: Group, member_id: str, owned: frozenset[Item]) -> tuple[Any, ...]:
         """The member's reported instance states, only of what it owns now (a report can be
@@ -751,11 +780,17 @@ class GroupCoordinator:
         last = g.soft.reported_owned.get(member_id, (None, None))
         if req.owned_connectors is None and req.owned_tasks is None:
             return None
+        # Only what the member owns (a join has made what it reports running of the group's
+        # items and nobody else's its own, as revoking) is ever compared with a report: an item
+        # of another member, or one not in the group (a worker may still report an item just
+        # deleted), is dropped here, so what is kept of reports is bounded by the group's items.
+        mine = g.current[member_id].owned
         connectors = (
-            items_from_wire(req.owned_connectors, None)
+            items_from_wire(req.owned_connectors, None) & mine
             if req.owned_connectors is not None else last[0]
         )
-        tasks = items_from_wire(None, req.owned_tasks) if req.owned_tasks is not None else last[1]
+        tasks = (items_from_wire(None, req.owned_tasks) & mine
+                 if req.owned_tasks is not None else last[1])
         g.soft.reported_owned[member_id] = (connectors, tasks)
         if connectors is None or tasks is None:
             return None
@@ -764,16 +799,19 @@ class GroupCoordinator:
     def _reported_states(
         self, g: Group, member_id: str, req: ConnectGroupHeartbeatRequest, joining: bool
     ) -> None:
-        """Keep the instance states the member reports (issue 14, Status): a non-empty list
-        replaces its previous report, an absent one leaves it; a join starts from nothing.
+        """Keep the instance states the member reports: a non-empty list replaces its previous
+        report, an absent one leaves it; a join starts from nothing. Only states of items the
+        member owns are kept (describe shows no other), one per item, error and trace cut to
+        their last 8 KiB: what is kept of all members' reports is bounded by the group's items.
         Soft state only: a restarted or new coordinator learns them from the next full report."""
         if joining:
             g.soft.instance_states.pop(member_id, None)
         if req.instance_states:
+            mine = g.current[member_id].owned
             g.soft.instance_states[member_id] = {
-                Item(s.connector, s.task): (s.state[:32], _bounded(s.error_message),
-                                            _bounded(s.trace))
+                item: (s.state, _bounded(s.error_message), _bounded(s.trace))
                 for s in req.instance_states
+                if (item := Item(s.connector, s.task)) in mine
             }
 
     def _check_epoch(

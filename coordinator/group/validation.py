@@ -12,15 +12,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from connect_wire.instance_states import STATES
+
 from .model import CONNECTOR, HELD_EPOCH, Item
 
 __all__ = [
+    "MAX_MEMBER_METADATA_BYTES",
     "validate_assignors",
     "validate_connector",
     "validate_current_epoch",
+    "validate_instance_states",
     "validate_item_set",
     "validate_member",
+    "validate_member_metadata_size",
+    "validate_report_size",
 ]
+
+MAX_MEMBER_METADATA_BYTES = 16 * 1024
+"""The most bytes a member may describe itself with in a heartbeat: its ClientAssignors (names
+and metadata), WorkerUrl and InstanceId together. They are kept, in memory and in the log, for
+as long as the member stays; the project's worker sends well under 1 KiB."""
 
 
 def validate_assignors(assignors: Iterable[Any]) -> str | None:
@@ -88,4 +99,48 @@ def validate_current_epoch(epoch: int) -> str | None:
     a hold (HELD_EPOCH)."""
     if epoch < -2 and epoch != HELD_EPOCH:
         return f"MemberEpoch {epoch} is impossible (>= -2, or {HELD_EPOCH} for a hold)."
+    return None
+
+
+def validate_member_metadata_size(assignors: Iterable[Any] | None, worker_url: str | None,
+                                  instance_id: str | None) -> str | None:
+    """What a heartbeat says of its member, bounded (:data:`MAX_MEMBER_METADATA_BYTES`).
+    Strings count their characters (at most their UTF-8 bytes): O(assignors), no encoding."""
+    size = len(worker_url or "") + len(instance_id or "")
+    for a in assignors or ():
+        size += len(a.name) + len(a.metadata_bytes) + 16
+    if size > MAX_MEMBER_METADATA_BYTES:
+        return (f"ClientAssignors, WorkerUrl and InstanceId take {size:,} bytes, more than "
+                f"the {MAX_MEMBER_METADATA_BYTES:,} a member may describe itself with.")
+    return None
+
+
+def validate_report_size(group_id: str, reported: int, states: int, group_items: int,
+                         member_items: int) -> str | None:
+    """A heartbeat's OwnedConnectors plus OwnedTasks, and its InstanceStates, each name at most
+    as many items as the group configures plus what the member owns (a worker runs only items
+    assigned to it, and what it still runs of a deleted connector or task stays owned by it
+    until it reports it stopped): beyond that a report can only be hostile, and refusing it
+    costs nothing while keeping it would cost memory and time in proportion to its length."""
+    limit = group_items + member_items
+    if reported > limit:
+        return (f"OwnedConnectors and OwnedTasks name {reported:,} items; group {group_id} "
+                f"configures {group_items:,} and the member owns {member_items:,}.")
+    if states > limit:
+        return (f"InstanceStates has {states:,} entries; group {group_id} configures "
+                f"{group_items:,} items and the member owns {member_items:,}.")
+    return None
+
+
+def validate_instance_states(states: Iterable[Any]) -> str | None:
+    """A heartbeat's InstanceStates: a non-empty connector name, a task id >= -1, a State the
+    protocol defines (an entry the coordinator cannot show would only hide a broken client)."""
+    for s in states:
+        if not s.connector:
+            return "InstanceStates must not contain an empty connector name."
+        if s.task < CONNECTOR:
+            return f"InstanceStates must not contain a negative task id ({s.connector}/{s.task})."
+        if s.state not in STATES:
+            return (f"InstanceStates {Item(s.connector, s.task)}: State {s.state[:64]!r} is not one "
+                    f"of {', '.join(sorted(STATES))}.")
     return None
