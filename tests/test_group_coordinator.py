@@ -1575,6 +1575,9 @@ def test_reports_longer_than_the_group_and_the_member_can_hold_are_refused_writi
     assert (r.error_code, h.group("other")) == (E.INVALID_REQUEST, None)
     assert h.log[start:] == [] and h.current("W1") == (2, ["A", "A/0", "A/1"])
     assert "W1" in h.group().members  # refused, not fenced
+    # A member the group no longer knows is told so (it rejoins), whatever it reports.
+    r = h.heartbeat("W7", 3, owned=[f"X/{i}" for i in range(20)])
+    assert r.error_code == E.UNKNOWN_MEMBER_ID
 
 
 def test_only_the_members_own_items_are_kept_of_its_reports() -> None:

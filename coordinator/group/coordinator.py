@@ -723,6 +723,8 @@ class GroupCoordinator:
         if not reported and not states:
             return
         g = self.state.groups.get(req.group_id)
+        if req.member_epoch != 0 and (g is None or req.member_id not in g.members):
+            return  # UNKNOWN_MEMBER_ID comes first: a member that lost its session rejoins
         owned = 0
         if g is not None:
             # (a static member taking over its instance gets what the instance held)
