@@ -1647,8 +1647,13 @@ def test_a_member_describing_itself_with_more_than_16_kib_is_refused() -> None:
     assert r.error_message.startswith("ClientAssignors, WorkerUrl and InstanceId take 16,")
     assert h.join("W1", assignors=(assignor(metadata=b"x" * 8_000),),
                   worker_url="http://w1:8083").error_code == 0
-    r = h.heartbeat("W1", 0, worker_url="http://" + "w" * 17_000)
-    assert r.error_code == E.INVALID_REQUEST and h.group().members["W1"].worker_url == "http://w1:8083"
+    for url in ("http://" + "w" * 17_000,
+                "http://" + "\u00e9" * 8_200):  # 8,207 characters, 16,407 bytes
+        r = h.join("W1", worker_url=url)
+        assert r.error_code == E.INVALID_REQUEST, r
+        assert r.error_message.startswith("ClientAssignors, WorkerUrl and InstanceId take ")
+        assert h.group().members["W1"].worker_url == "http://w1:8083"
+    assert h.join("W1", worker_url="http://" + "\u00e9" * 8_000).error_code == 0
 
 
 def test_the_default_group_size_is_finite_with_kafkas_error_past_it() -> None:

@@ -104,11 +104,14 @@ def validate_current_epoch(epoch: int) -> str | None:
 
 def validate_member_metadata_size(assignors: Iterable[Any] | None, worker_url: str | None,
                                   instance_id: str | None) -> str | None:
-    """What a heartbeat says of its member, bounded (:data:`MAX_MEMBER_METADATA_BYTES`).
-    Strings count their characters (at most their UTF-8 bytes): O(assignors), no encoding."""
-    size = len(worker_url or "") + len(instance_id or "")
+    """What a heartbeat says of its member, bounded (:data:`MAX_MEMBER_METADATA_BYTES`):
+    strings count their UTF-8 bytes, each assignor 16 more (its versions and reason)."""
+    def utf8(text: str | None) -> int:
+        return len(text.encode("utf-8", "surrogatepass")) if text else 0
+
+    size = utf8(worker_url) + utf8(instance_id)
     for a in assignors or ():
-        size += len(a.name) + len(a.metadata_bytes) + 16
+        size += utf8(a.name) + len(a.metadata_bytes) + 16
     if size > MAX_MEMBER_METADATA_BYTES:
         return (f"ClientAssignors, WorkerUrl and InstanceId take {size:,} bytes, more than "
                 f"the {MAX_MEMBER_METADATA_BYTES:,} a member may describe itself with.")
