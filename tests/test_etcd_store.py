@@ -468,10 +468,13 @@ async def test_a_commit_whose_outcome_is_unknown_demands_a_reload(tmp_path: Path
         server.stop()
 
 
-async def test_a_node_whose_renewals_fail_knows_its_lease_may_be_gone(tmp_path: Path) -> None:
+async def test_a_node_whose_renewals_fail_knows_its_lease_is_in_doubt_and_waits_for_etcd(
+        tmp_path: Path) -> None:
     """etcd frozen (SIGSTOP) under a kept-alive 2 s lease: no renewal can succeed, so once the
-    last granted TTL has run out (counted from when that renewal was sent) the lease is marked
-    lost -- the point at which a node must already have stopped answering for its partitions."""
+    last granted TTL has run out (counted from when that renewal was sent) the lease is in
+    doubt (remaining() <= 0: a node must already have stopped answering) -- but not given up:
+    etcd may still hold it (an election). Woken, etcd decides: the lease is lost exactly when
+    etcd no longer has it, renewed (the same lease, serving again) when it does."""
     server = start_etcd(tmp_path / "etcd")
     try:
         async with Etcd3Client([server.endpoint]) as c:
@@ -483,12 +486,24 @@ async def test_a_node_whose_renewals_fail_knows_its_lease_may_be_gone(tmp_path: 
             assert not lease.lost.is_set()
             os.kill(server.proc.pid, signal.SIGSTOP)
             try:
-                async def lost() -> bool:
-                    return lease.lost.is_set()
-                await wait_for(lost, "the lease to be given up")
+                async def in_doubt() -> bool:
+                    return lease.doubts == 1
+                await wait_for(in_doubt, "the lease to be in doubt")
+                assert lease.remaining() <= 0
+                await asyncio.sleep(1.0)  # renewals keep failing: still not given up
+                assert not lease.lost.is_set() and lease.remaining() <= 0
+                renewals = lease.renewals
             finally:
                 os.kill(server.proc.pid, signal.SIGCONT)
-            assert lease.remaining() == 0.0
+
+            async def decided() -> bool:
+                return lease.lost.is_set() or lease.renewals > renewals
+            await wait_for(decided, "etcd to renew the lease or say it is gone")
+            ttl = (await c.lease.time_to_live(lease.id)).TTL
+            if lease.lost.is_set():
+                assert ttl <= 0 and lease.remaining() == 0.0
+            else:
+                assert ttl > 0 and lease.remaining() > 0
             await lease.close()
     finally:
         server.stop()

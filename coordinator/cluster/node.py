@@ -18,10 +18,17 @@
   through its watch, acquires and loads it at once. The placement is advisory: owning is the
   owner key, so two nodes with different views delay a move and never share a partition.
 * **Lease trouble.** A shard serves only while the lease is certainly valid for more than
-  ``etcd.lease.margin.ms`` (EtcdShard.serving). When the lease is lost (etcd says it expired,
-  or no renewal succeeded within its TTL) every partition is dropped at once -- nothing is
-  written or answered from it -- and the node grants a new lease, registers again and takes
+  ``etcd.lease.margin.ms`` (EtcdShard.serving). A lease whose renewals fail (an etcd leader
+  election, etcd out of reach) is *in doubt*: nothing is answered or taken on, but the
+  partitions stay loaded while the keep-alive keeps trying the same lease. A renewal that
+  succeeds proves the lease and every owner key on it alive (nobody else can have written a
+  partition: a write needs its owner key), so the same partitions serve again without a reload;
+  a write whose outcome was unknown meanwhile reloads its partition as always. When etcd says
+  the lease is gone (a keep-alive answered TTL 0) every partition is dropped at once -- nothing
+  is written or answered from it -- and the node grants a new lease, registers again and takes
   its share anew.
+* **etcd version.** At start the node asks the members it reaches for their version and warns
+  when one may revoke live leases after a leader stall (etcd before 3.4.31 / 3.5.13).
 * **Partition count.** ``{prefix}/config`` holds the cluster's partition count, written by the
   first node; a node started with another ``--partitions`` refuses to start (groups would move).
 """
@@ -141,6 +148,7 @@ class ClusterNode:
         self.server.metrics.etcd_lease_remaining.set_function(
             lambda: max(0.0, self.lease_remaining()))
         self._warn_if_failover_outlasts_sessions()
+        await self._warn_if_etcd_revokes_live_leases()
         self._loop = asyncio.create_task(self._reconcile_loop(), name="etcd-placement")
         log.info("node joined", node_id=self.node_id, prefix=self.prefix,
                  endpoints=",".join(self.endpoints), lease_ttl_s=self.ttl_s,
@@ -162,6 +170,15 @@ class ClusterNode:
                         lease_ttl_ms=self.ttl_s * 1000, failover_up_to_ms=failover_ms,
                         session_ms=g.session_timeout_ms, heartbeat_interval_ms=g.heartbeat_interval_ms,
                         worker_budget_ms=budget_ms)
+
+    async def _warn_if_etcd_revokes_live_leases(self) -> None:
+        versions = await etcd_store.server_versions(self.client, len(self.endpoints),
+                                                    timeout_s=self.timeout_s)
+        for version in sorted(versions):
+            why = etcd_store.unsafe_lease_version(version)
+            if why is not None:
+                log.warning("this etcd version may revoke live node leases", etcd_version=version,
+                            problem=why, endpoints=",".join(self.endpoints))
 
     async def _check_partition_count(self) -> None:
         key = f"{self.prefix}/config".encode()

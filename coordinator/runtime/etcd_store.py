@@ -290,8 +290,16 @@ class NodeLease:
     """The node's etcd lease, kept alive in the background.
 
     ``await NodeLease.grant(client, ttl_s)``; ``remaining()`` is how long the lease is certainly
-    still valid; ``lost`` is set when it is known expired or can no longer be proven valid;
-    ``await close()`` stops the keep-alive and revokes it (deleting every owner key on it).
+    still valid (<= 0: in doubt); ``lost`` is set only when etcd says the lease is gone (a
+    keep-alive answered TTL 0: expired or revoked); ``await close()`` stops the keep-alive and
+    revokes it (deleting every owner key on it).
+
+    A lease whose renewals fail past its TTL is *in doubt*, not lost: the keep-alive goes on
+    trying the same lease. An etcd leader election often outlasts a short TTL, and the new
+    leader extends every lease by its TTL, so the lease usually lives on; a renewal that
+    succeeds proves it (and every key on it) alive again. Whoever serves from the lease must
+    stop while ``remaining()`` is at or below its margin, and may serve again once a renewal
+    lifts it.
     """
 
     def __init__(self, client: Etcd3Client, lease_id: int, ttl_s: int, granted_at: float,
@@ -303,6 +311,9 @@ class NodeLease:
         self._valid_until = granted_at + granted_ttl
         self.lost = asyncio.Event()
         self.renewals = 0
+        self.doubts = 0
+        """How many times renewals failed past the TTL (each followed by a renewal or the loss)."""
+        self._doubt_since: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -338,6 +349,11 @@ class NodeLease:
                     # max: hedged renewals may answer out of order.
                     self._valid_until = max(self._valid_until, sent + response.TTL)
                     self.renewals += 1
+                    if self._doubt_since is not None and self.remaining() > 0:
+                        log.warning("etcd lease %x renewed again after %.2f s in doubt: the "
+                                    "same lease, every key on it kept", self.id,
+                                    lease_clock() - self._doubt_since)
+                        self._doubt_since = None
                     return True
         finally:
             stream.cancel()
@@ -355,18 +371,21 @@ class NodeLease:
         try:
             while not self.lost.is_set():
                 left = self.remaining()
-                if left <= 0:
-                    return False
-                attempts.add(asyncio.create_task(
-                    self.renew(min(self.request_timeout_s, max(0.05, left / 2)))))
+                # In doubt (left <= 0): each attempt may take the whole request timeout (an
+                # election answers late); one round of failures returns, the caller retries.
+                attempts.add(asyncio.create_task(self.renew(
+                    min(self.request_timeout_s, max(0.05, left / 2)) if left > 0
+                    else self.request_timeout_s)))
                 done, _ = await asyncio.wait(attempts, timeout=hedge_after,
                                              return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     attempts.discard(task)
                     if not task.cancelled() and task.exception() is None and task.result():
                         return True
-                    if task.exception() is not None:
+                    if task.exception() is not None and self._doubt_since is None:
                         log.warning("etcd lease %x keep-alive failed: %r", self.id, task.exception())
+                if done and left <= 0:
+                    return False
                 if len(attempts) >= 3:  # enough in flight: wait for one of them
                     done, _ = await asyncio.wait(attempts, return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
@@ -396,8 +415,13 @@ class NodeLease:
             except Exception as exc:  # keep trying while the lease may still be valid
                 log.warning("etcd lease %x keep-alive failed: %r", self.id, exc)
                 delay = retry
-            if not self.lost.is_set() and self.remaining() <= 0:
-                self._mark_lost("no renewal within its TTL")
+            if not self.lost.is_set() and self.remaining() <= 0 and self._doubt_since is None:
+                # Not lost: etcd may still hold it (an election in progress). Keep renewing the
+                # same lease; etcd's answer decides (renewed, or TTL 0: lost).
+                self._doubt_since = lease_clock()
+                self.doubts += 1
+                log.warning("etcd lease %x in doubt: no renewal within its TTL; renewing the "
+                            "same lease until etcd renews it or says it is gone", self.id)
 
     async def stop_keep_alive(self) -> None:
         if self._task is not None:
@@ -787,6 +811,42 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
     return repr(exc)
+
+
+LEASE_REVOKE_FIX = {(3, 4): 31, (3, 5): 13}
+"""The first patch release of each minor line whose leader no longer revokes live leases after
+it wakes from a stall (a frozen or overloaded old leader proposed revokes of leases the new
+leader had just renewed; upstream ignores an old leader's revoke request since 3.4.31 and
+3.5.13, and 3.6.0 ships with it)."""
+
+
+def unsafe_lease_version(version: str) -> str | None:
+    """Why the etcd server ``version`` (e.g. ``"3.5.1"``) is not safe for node leases, or None
+    if it is (or cannot be parsed: nothing is claimed then)."""
+    try:
+        major, minor, patch = (int(part) for part in version.split("-")[0].split(".")[:3])
+    except ValueError:
+        return None
+    if (major, minor) < (3, 4):
+        return f"etcd {version} is older than 3.4 (not supported)"
+    first = LEASE_REVOKE_FIX.get((major, minor))
+    if first is not None and patch < first:
+        return (f"etcd {version} may revoke live leases when a stalled old leader wakes (fixed "
+                f"in {major}.{minor}.{first}): a node is then dropped and reloads every "
+                "partition; upgrade to 3.5.13+ (or 3.4.31+)")
+    return None
+
+
+async def server_versions(client: Etcd3Client, members: int, *, timeout_s: float) -> set[str]:
+    """The etcd server versions the client's status calls meet (the client spreads its calls
+    over the members: one call per member). Members that do not answer are left out."""
+    versions = set()
+    for _ in range(max(1, members)):
+        with contextlib.suppress(Exception):
+            status = await client.maintenance.status(timeout=timeout_s, max_attempts=1)
+            if status.version:
+                versions.add(status.version)
+    return versions
 
 
 def resolve_endpoints(endpoints: Sequence[str]) -> list[str]:

@@ -526,20 +526,21 @@ class Shard:
         wrote = any(result.records for _, result in pending)
         if wrote and not await self._make_durable(pending):
             return
-        if not self.serving():
-            # Several nodes: the lease ran short while the commit was in flight (e.g. the node
-            # was frozen): what was committed is the new owner's to report; answer nothing here.
-            for ev, _result in pending:
-                self._fail_event(ev, ErrorCode.NOT_COORDINATOR,
-                                 f"this node no longer serves partition {self.partition}")
-            return
+        # Several nodes: the lease may have run short while the commit was in flight (an etcd
+        # election, a frozen node): the results are applied (timers armed, parked heartbeats
+        # refreshed -- a renewal of the same lease serves this state again) but nothing is
+        # answered from it; if the lease is gone instead, the partition is dropped with them.
+        serving = self.serving()
         wake: set[tuple[str, str]] = set()
         for ev, result in pending:
             self._apply_timers(result)
             wake |= result.wake
             if result.events:
                 self._log_events(result.events)
-            if ev.on_commit is not None:
+            if not serving:
+                self._fail_event(ev, ErrorCode.NOT_COORDINATOR,
+                                 f"this node no longer serves partition {self.partition}")
+            elif ev.on_commit is not None:
                 ev.on_commit(result)
             elif ev.future is not None and not ev.future.done():
                 ev.future.set_result(result.response)
@@ -655,6 +656,12 @@ class Shard:
         deadline = timer.deadline
         if deadline > now_ms():  # moved later meanwhile (or the clocks drifted): wait the rest
             self._arm(key, timer, deadline)
+            return
+        if not self.serving():
+            # Several nodes, the lease in doubt (an etcd election): a write now could only time
+            # out and reload the partition. Fire once the lease is renewed (or the partition is
+            # dropped with it).
+            self._arm(key, timer, now_ms() + TIMER_RETRY_MS)
             return
         del self._timers[key]
 
