@@ -266,6 +266,9 @@ class CoordinatorNode:
         self.deferred: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
         self.lease_sent = sim.now
         """Send time of the last successful lease renewal (NodeLease: valid until it + TTL)."""
+        self.in_doubt = False
+        """Its lease is no longer certainly valid: it answers nothing but keeps the state, and
+        serves it again once a renewal of the same lease succeeds (etcd's answer decides)."""
         self.freeze_armed: int | None = None
         """A deposed_late_write waits for a batch that writes: freeze that long when one comes."""
 
@@ -310,14 +313,34 @@ class CoordinatorNode:
 
     # -- the lease (several nodes) ----------------------------------------------------------------------
     def lease_ok(self) -> bool:
-        """NodeLease.remaining() > margin: else it may have expired, and the node unloads."""
+        """NodeLease.remaining() > margin: else the lease is in doubt and the node answers
+        nothing (queued requests and parked long polls get NOT_COORDINATOR) but keeps its state
+        and timers until etcd renews the lease or says it is gone (``doubt_drops``: the
+        behaviour before, it unloads at once)."""
         sim = self.sim
         sc = sim.scenario
         if not sim.multi or not sc.lease_checked or not self.owner:
             return True
         if sim.now < self.lease_sent + sc.lease_ttl_ms - sc.lease_margin_ms:
             return True
-        self.unload(f"its lease may have expired (last renewal sent at t={self.lease_sent})")
+        if sc.doubt_drops:
+            self.unload(f"its lease may have expired (last renewal sent at t={self.lease_sent})")
+            return False
+        if not self.in_doubt:
+            self.in_doubt = True
+            sim.trace("lease_in_doubt", detail=f"{self.node}: last renewal sent at t={self.lease_sent}")
+            queued, self.queue = self.queue, deque()
+            for ev in queued:
+                if ev[0] == "req":
+                    self.sim.net_response(ev[1], ev[2], error_response(
+                        ev[2].request, E.NOT_COORDINATOR, sim.now))
+                else:  # timers and probes wait for the lease
+                    self.queue.append(ev)
+            parked, self.parked = self.parked, {}
+            for key in sorted(parked):
+                pk = parked[key]
+                self.sim.net_response(pk.conn, pk.pending, error_response(
+                    pk.request, E.NOT_COORDINATOR, sim.now))
         return False
 
     def start_lease(self) -> None:
@@ -341,7 +364,9 @@ class CoordinatorNode:
         if inc != self.inc or not self.up or not self.owner:
             return
         sim.at(sim.now + sim.etcd_latency(), sim.etcd_renew, self, sim.now)
-        self.at(sim.now + sim.scenario.lease_ttl_ms // 3, self._renew, inc)
+        # In doubt, NodeLease retries every 100 ms (a hedged attempt each time).
+        every = sim.scenario.lease_ttl_ms // 3
+        self.at(sim.now + (min(100, every) if self.in_doubt else every), self._renew, inc)
 
     def renewed(self, inc: int, sent: int, ok: bool) -> None:
         if inc != self.inc or not self.up or not self.owner:
@@ -350,6 +375,11 @@ class CoordinatorNode:
             if sent > self.lease_sent:
                 self.lease_sent = sent
                 self._arm_lease_check()
+                sc = self.sim.scenario
+                if self.in_doubt and self.sim.now < sent + sc.lease_ttl_ms - sc.lease_margin_ms:
+                    self.in_doubt = False
+                    self.sim.trace("lease_renewed_again", detail=f"{self.node}: the same state serves again")
+                    self.kick()
         elif self.sim.scenario.lease_checked:
             self.unload("etcd says its lease expired")
 
@@ -484,6 +514,7 @@ class CoordinatorNode:
                 self._after_batch(False)
                 return
         serving = self.owner and not self.handing_over
+        answering = serving and not self.in_doubt  # in doubt: applied, answered NOT_COORDINATOR
         wake: set[tuple[str, str]] = set()
         for ev, result in pending:
             if serving:
@@ -499,7 +530,7 @@ class CoordinatorNode:
             kind = ev[0]
             if kind == "req":
                 req = ev[2].request
-                if isinstance(req, ConnectGroupHeartbeatRequest) and serving:
+                if isinstance(req, ConnectGroupHeartbeatRequest) and answering:
                     self._heartbeat_committed(ev[1], ev[2], result.response)
                 else:
                     self.respond(ev[1], ev[2], result.response)
@@ -1601,6 +1632,7 @@ class Simulation:
         self.node_frozen_until = dict.fromkeys(self.node_names, 0)
         self.node_host_lost = dict.fromkeys(self.node_names, False)
         self.node_etcd_cut_until = dict.fromkeys(self.node_names, 0)
+        self.etcd_down_until = 0
         self.node_quiet: dict[str, tuple[int, int]] = {}
         """Per node, its last stretch without lease renewals (frozen or cut off from etcd): the
         last renewal's send before it and its end (FindCoordinator's answers, _lease_in_doubt)."""
@@ -2031,6 +2063,10 @@ class Simulation:
         if kind == "connectors":
             self._change_connectors(fault.detail)
             return
+        if kind == "etcd_leader_loss":
+            if self.multi:
+                self._etcd_leader_loss(fault.duration_ms, fault.detail == "revoke")
+            return
         if kind in ("partition_move", "owner_failover", "deposed_late_write", "node_restart"):
             self._node_fault(fault)
             return
@@ -2074,9 +2110,42 @@ class Simulation:
         return self.sample(self.rng_nodes, self.scenario.latency_ms)
 
     def etcd_cut(self, node: CoordinatorNode) -> int:
-        """Until when ``node`` cannot reach etcd (0: it can)."""
-        until = self.node_etcd_cut_until[node.node]
+        """Until when ``node`` cannot reach etcd (0: it can): cut off, or etcd has no leader."""
+        until = max(self.node_etcd_cut_until[node.node], self.etcd_down_until)
         return until if until > self.now else 0
+
+    def _etcd_leader_loss(self, duration: int, revoke: bool) -> None:
+        """No renewal, write or acquire gets through for ``duration``. ``revoke`` False: an
+        election -- nothing expires meanwhile and the new leader extends every lease by its
+        TTL (etcd's lessor promotion). True: the leader keeps its role but is unreachable, so
+        leases past their TTL are revoked as always."""
+        end = self.now + duration
+        self.trace("etcd_leader_lost", detail=f"{duration} ms, " + (
+            "the leader keeps its role: leases past their TTL are revoked" if revoke
+            else "an election: the new leader extends every lease"))
+        self.etcd_down_until = max(self.etcd_down_until, end)
+        sc = self.scenario
+        for node in self.node_names:
+            quiet = self.node_quiet.get(node)
+            if quiet is not None and quiet[1] > self.now:
+                continue
+            c = self.coord
+            renewed = (c.lease_sent if c.node == node and c.up and c.owner
+                       else self.now - self.rng_nodes.randrange(sc.lease_ttl_ms // 3 + 1))
+            self.node_quiet[node] = (renewed, end)
+        if not revoke and self.store.token != 0:
+            self.store.expires = INF  # no leader: nothing expires
+            self.at(end, self._etcd_leader_elected, self.store.token)
+
+    def _etcd_leader_elected(self, token: int) -> None:
+        store = self.store
+        if store.token != token or self.now < self.etcd_down_until:
+            if store.token == token:  # a longer outage began meanwhile
+                self.at(self.etcd_down_until, self._etcd_leader_elected, token)
+            return
+        store.expires = self.now + self.scenario.lease_ttl_ms
+        self.at(store.expires, self._lease_expiry, token, store.expires)
+        self.trace("etcd_leader_elected", detail="every lease extended by its TTL")
 
     def etcd_renew(self, node: CoordinatorNode, sent: int) -> None:
         """A lease renewal reaches etcd: it extends the lease (from now) if it has not expired.
@@ -2108,6 +2177,9 @@ class Simulation:
         if self.stopped or self.store.token != 0:
             return
         now = self.now
+        if now < self.etcd_down_until:  # the acquire waits for etcd
+            self.at(self.etcd_down_until, self._elect, target, previous)
+            return
         free = [n for n in self.node_names if self.node_alive[n] and self.node_frozen_until[n] <= now]
         if target is not None and target in free:
             node = target
@@ -2475,7 +2547,10 @@ class Simulation:
         self.phase = "converging"
         self.trace("faults_end")
         c = self.coord
-        self._check_core(c) if c.up and not c.loading and c.owner and not c.frozen else None
+        # Not while a batch waits for etcd (a lease in doubt): its state is not committed yet
+        # and may never be (refused if the lease is gone), so it is no baseline for the epochs.
+        if c.up and not c.loading and c.owner and not c.frozen and not c.busy and not c.in_doubt:
+            self._check_core(c)
         self.maybe_converged()
 
     def _give_up(self) -> None:
