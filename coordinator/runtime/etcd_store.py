@@ -124,9 +124,12 @@ from etcd3aio import Etcd3Client, EtcdConnectionError, EtcdTransientError
 from etcd3aio._protobuf import Compare, TxnRequest
 from etcd3aio.kv import KVService, prefix_range_end
 
+from coordinator import logs
 from coordinator.runtime.log import BatchTooLarge
 
 log = logging.getLogger("coordinator.etcd_store")
+events = logs.get("coordinator.etcd_lease")
+"""The lease's doubt and its end, as structured log lines (alerts match on their event)."""
 
 Records = Sequence[tuple[bytes, bytes | None]]
 RecordSink = Callable[[Records], None]
@@ -350,9 +353,9 @@ class NodeLease:
                     self._valid_until = max(self._valid_until, sent + response.TTL)
                     self.renewals += 1
                     if self._doubt_since is not None and self.remaining() > 0:
-                        log.warning("etcd lease %x renewed again after %.2f s in doubt: the "
-                                    "same lease, every key on it kept", self.id,
-                                    lease_clock() - self._doubt_since)
+                        events.warning("etcd lease renewed again: the same lease, every key on "
+                                       "it kept", lease=f"{self.id:x}",
+                                       in_doubt_s=round(lease_clock() - self._doubt_since, 3))
                         self._doubt_since = None
                     return True
         finally:
@@ -420,8 +423,9 @@ class NodeLease:
                 # same lease; etcd's answer decides (renewed, or TTL 0: lost).
                 self._doubt_since = lease_clock()
                 self.doubts += 1
-                log.warning("etcd lease %x in doubt: no renewal within its TTL; renewing the "
-                            "same lease until etcd renews it or says it is gone", self.id)
+                events.warning("etcd lease in doubt: no renewal within its TTL; renewing the same "
+                               "lease until etcd renews it or says it is gone",
+                               lease=f"{self.id:x}")
 
     async def stop_keep_alive(self) -> None:
         if self._task is not None:
