@@ -1244,7 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
                 "repeat": (3, 1), "duration": (3.0, 0.5), "warmup": (0.5, 0.2),
                 "commit_clients": (32, 4), "hb_members": (400, 16), "hb_groups": (8, 4),
                 "connections": (96, 8), "load_groups": (1000, 20), "load_members": (10, 2),
-                "load_rounds": (2, 1), "leader_losses": (6, 2)}
+                "load_rounds": (2, 1), "leader_losses": (6, 3)}
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)

@@ -21,7 +21,7 @@ def test_bench_cluster_smoke(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(output.read_text(encoding="utf-8"))
     assert data["benchmark"] == "cluster" and data["quick"] is True
-    assert data["phases"] == ["failover", "commit", "heartbeats", "load"]
+    assert data["phases"] == ["failover", "commit", "heartbeats", "load", "leader-loss"]
 
     fo = data["failover"]
     assert (fo["nodes"], fo["groups"], fo["members"]) == (3, 6, 2)
@@ -61,13 +61,23 @@ def test_bench_cluster_smoke(tmp_path: Path) -> None:
         assert r["load_s"] >= 0
     assert ld["in_process"]["groups"] == 20 and ld["in_process"]["records"] == ld["live_records"]
 
+    ll = data["leader-loss"]
+    assert [r["event"] for r in ll["rows"]] == ["kill -9", "SIGSTOP", "kill -9, no quorum 3 s"]
+    for r in ll["rows"]:
+        assert r["groups"] == 6 and len(r["gaps_s"]) == 6 and r["election_s"] > 0
+        assert 0 <= r["gap_p50_s"] <= r["gap_max_s"]
+        assert r["leases_given_up"] == 0  # a lease in doubt is renewed, not given up
+    # Three seconds without quorum put every node's 2 s lease in doubt; each was renewed.
+    assert ll["rows"][2]["leases_in_doubt"] == 3
+
     assert isinstance(data["node_log_problems"], list)
     for p in data["node_log_problems"]:
         assert {"phase", "level", "event", "count", "example"} <= set(p)
     assert not math.isnan(kill["max_s"])
 
     lines = result.stdout.strip().splitlines()
-    for title in ("failover: 3 nodes", "commit: ", "heartbeats: ", "load: one partition"):
+    for title in ("failover: 3 nodes", "commit: ", "heartbeats: ", "load: one partition",
+                  "leader-loss: 3-member etcd"):
         assert any(line.startswith(title) for line in lines), title
     assert lines[-1].startswith("headline: failover after kill -9: max ")
     assert "2 nodes / 1 node heartbeats/s" in lines[-1]
