@@ -61,6 +61,16 @@ class CannotConnect(AdminError):
     """No TCP connection to the address (nothing was sent)."""
 
 
+class _Unusable(AdminError):
+    """An answer the authentication exchange cannot use."""
+
+
+class AuthenticationInterrupted(CannotConnect):
+    """The server closed the connection during SASL authentication without refusing it: a
+    server busy with other logins does that (it throttles, as Kafka); worth retrying, unlike
+    a refusal. Nothing but the authentication was sent."""
+
+
 class AdminClient:
     """One connection; with ``security`` (and its ``ssl_context``, built once by the caller)
     opened with TLS and authenticated here, re-authenticated before a call once 85-95 % of the
@@ -97,6 +107,14 @@ class AdminClient:
         if security is not None and security.protocol != "PLAINTEXT":
             try:
                 self.session = self._drive(open_exchange(security, where))
+            except _Unusable:
+                self.close()
+                raise
+            except AdminError as exc:
+                self.close()
+                raise AuthenticationInterrupted(
+                    f"{where} closed the connection during authentication ({exc}); a server "
+                    "busy with other logins does so") from None
             except BaseException:
                 self.close()
                 raise
@@ -110,7 +128,7 @@ class AdminClient:
         except StopIteration as done:
             return done.value
         except ExchangeError as exc:
-            raise AdminError(str(exc)) from None
+            raise _Unusable(str(exc)) from None
 
     def _reauthenticate(self) -> None:
         """KIP-368: SaslHandshake + SaslAuthenticate again on this connection."""
@@ -278,9 +296,22 @@ class AdminSession:
         return client
 
     def connect(self, address: Address) -> AdminClient:
-        """A new connection to ``address`` with the session's security (not cached)."""
-        return AdminClient(*address, timeout_s=self.timeout_s, client_id=self.client_id,
-                           security=self.security, ssl_context=self.ssl_context)
+        """A new connection to ``address`` with the session's security (not cached). An
+        authentication the server interrupted (busy) is tried again, backing off as
+        :meth:`group_call` does, for at most ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        failures = 0
+        while True:
+            try:
+                return AdminClient(*address, timeout_s=self.timeout_s, client_id=self.client_id,
+                                   security=self.security, ssl_context=self.ssl_context)
+            except AuthenticationInterrupted:
+                failures += 1
+                pause = random.uniform(self.backoff_s / 2, min(
+                    self.max_backoff_s, self.backoff_s * 2 ** min(failures, 16)))
+                if time.monotonic() + pause > deadline:
+                    raise
+                self.sleep(pause)
 
     def _drop(self, address: Address) -> None:
         client = self._clients.pop(address, None)

@@ -20,9 +20,17 @@ SASL_PLAINTEXT one (``connections.max.reauth.ms`` short, so sessions end in a te
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import gc
+import json
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +40,7 @@ from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.list_groups.v4.request import ListGroupsRequest
 from scramp import ScramClient
 
+from connect_wire import client_security as cs
 from connect_wire import codec
 from connect_wire.apis import APIS, ApiKey
 from connect_wire.errors import ErrorCode
@@ -43,6 +52,8 @@ from coordinator.security.model import AclBinding, AclBindingFilter, Authorizer
 from coordinator.security.scram import credential_from_password
 from coordinator.security.state import credential_record, credential_tombstone
 from coordinator.security.store import append_offline
+from coordinator.server import connection
+from tests.daemon_fixture import ROOT, daemon_env, run_cli
 from tests.secure_server import Closed, InProcess, Raw
 from tests.tls_fixture import TlsFiles, tls_ca  # noqa: F401 (the fixture)
 
@@ -355,3 +366,191 @@ def _scram_login(d: InProcess) -> Raw:
     client.set_server_final(r.auth_bytes.decode())
     time.sleep(0.6)  # past sasl.authentication.timeout.ms: authenticated, kept
     return c
+
+
+# -- found by the issue 19 trial, fixed ---------------------------------------------------------
+def _flood(address: tuple[str, int], stop: threading.Event, seen: list[str]) -> None:
+    """One unauthenticated client: PLAIN with a made-up user, again and again until ``stop``."""
+    hs = APIS[ApiKey.SASL_HANDSHAKE].request_class(1)(mechanism="PLAIN")
+    au = APIS[ApiKey.SASL_AUTHENTICATE].request_class(2)(auth_bytes=b"\0mallory\0guess")
+    burst = (encode_request_frame(ApiKey.SASL_HANDSHAKE, 1, 1, "x", codec.encode(hs), 1)
+             + encode_request_frame(ApiKey.SASL_AUTHENTICATE, 2, 2, "x", codec.encode(au), 2))
+    while not stop.is_set():
+        try:
+            with socket.create_connection(address, timeout=10) as s:
+                s.sendall(burst)
+                got = b""
+                while chunk := s.recv(65536):
+                    got += chunk
+                frames, at = 0, 0
+                while at + 4 <= len(got):
+                    frames += 1
+                    at += 4 + int.from_bytes(got[at:at + 4], "big")
+                # The handshake is always answered; a throttled authentication is not.
+                seen.append("too many" if b"too many" in got else
+                            "answered" if frames == 2 else "closed")
+        except OSError:
+            seen.append("error")
+
+
+# A flood of unauthenticated PLAIN clients kept the 16-slot derivation queue full: legitimate
+# logins were answered SASL_AUTHENTICATION_FAILED ("too many PLAIN authentications in
+# progress"), which clients take as a wrong password: connect-worker exited 4 (do not restart),
+# the admin CLI exited 1. A busy server now closes the connection unanswered (after the failed
+# authentication delay, as Kafka throttles) and both clients connect again with backoff.
+def test_a_plain_flood_does_not_lock_out_a_real_worker_or_the_cli(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_finish = sasl.PlainServer.finish
+
+    def slow_finish(self: sasl.PlainServer) -> bytes:
+        time.sleep(0.05)  # a busy machine: the queue fills with fewer attackers
+        return real_finish(self)
+    monkeypatch.setattr(sasl.PlainServer, "finish", slow_finish)
+    append_offline(tmp_path / "data", [
+        credential_record("worker", credential_from_password(m, "worker-pw")) for m in MECHANISMS])
+    with InProcess(tmp_path, {
+            "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+            "sasl.enabled.mechanisms": "PLAIN", "sasl.plain.allow.insecure": True,
+            "connection.failed.authentication.delay.ms": 50,
+            "group.connect.session.timeout.ms": 10_000}) as d:
+        sasl_at = "%s:%d" % d.address("SASL_PLAINTEXT")
+        plain_at = "%s:%d" % d.address("PLAINTEXT")
+        stop, seen = threading.Event(), []
+        flooders = [threading.Thread(target=_flood, args=(d.address("SASL_PLAINTEXT"), stop, seen),
+                                     daemon=True) for _ in range(32)]
+        for t in flooders:
+            t.start()
+        creds = ("--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN",
+                 "--sasl-username", "worker")
+        log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", sasl_at, "--group",
+             "g", "--instance-id", "w1", *creds],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, text=True,
+            env={**daemon_env(), cs.PASSWORD_ENV: "worker-pw"}, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 60
+            while d.metric("connect_coordinator_sasl_plain_refused_total") < 10:
+                assert time.monotonic() < deadline, Counter(seen)
+                time.sleep(0.05)  # the flood is on: the queue is full
+            # The admin CLI gets in (the flood still on).
+            listed = subprocess.run(
+                [sys.executable, "-m", "coordinator.cli", "groups", "list", "--bootstrap",
+                 sasl_at, *creds], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                env={**daemon_env(), cs.PASSWORD_ENV: "worker-pw"})
+            assert listed.returncode == 0, listed.stderr
+            # The worker gets in and joins (the flood still on).
+            deadline = time.monotonic() + 60
+            while True:
+                described = run_cli("groups", "describe", "g", "--json", "--bootstrap", plain_at)
+                if described.returncode == 0 and [
+                        m["instance_id"] for g in json.loads(described.stdout)
+                        for m in g["members"]] == ["w1"]:
+                    break
+                assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
+                assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
+                time.sleep(0.2)
+            refused_during = d.metric("connect_coordinator_sasl_plain_refused_total")
+        finally:
+            stop.set()
+            for t in flooders:
+                t.join(15)
+            worker.send_signal(signal.SIGTERM)
+            code = worker.wait(30)
+            log.close()
+        assert code == 0, (tmp_path / "worker.log").read_text()[-2000:]
+        assert refused_during >= 10
+        # The flood's clients were throttled (closed unanswered), never told a wrong password
+        # for a busy server; their own bad password is answered as such.
+        assert "too many" not in seen and {"closed", "answered"} <= set(seen), Counter(seen)
+        # No asyncio error (a "Future exception was never retrieved" of a gone client's step).
+        gc.collect()
+        d.run(asyncio.sleep(0.1))
+        assert d.errors == []
+
+
+# PLAIN derivations still waiting when sasl.authentication.timeout.ms closed their connections
+# (a flood keeps the queue long): each one then ran, raised (the gone-client check, or the wrong
+# password), and its future's exception was never retrieved since the connection was lost:
+# asyncio logged a multi-line traceback per client. And the gone-client check on a socket
+# asyncio had closed (fd -1) raised (ValueError 'negative file descriptor' on some Pythons, an
+# OSError here) instead of saying "gone", so the derivation ran for nobody.
+def test_plain_steps_of_timed_out_connections_leave_no_asyncio_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    real_finish = sasl.PlainServer.finish
+
+    def slow_finish(self: sasl.PlainServer) -> bytes:
+        ran.append(self.user or "")
+        time.sleep(0.3)
+        return real_finish(self)
+    monkeypatch.setattr(sasl.PlainServer, "finish", slow_finish)
+    append_offline(tmp_path / "data", [
+        credential_record("alice", credential_from_password(m, "alice-pw")) for m in MECHANISMS])
+    with InProcess(tmp_path, {
+            "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+            "sasl.enabled.mechanisms": "PLAIN", "sasl.plain.allow.insecure": True,
+            "sasl.authentication.timeout.ms": 200}) as d:
+        hs = APIS[ApiKey.SASL_HANDSHAKE].request_class(1)(mechanism="PLAIN")
+        au = APIS[ApiKey.SASL_AUTHENTICATE].request_class(2)(auth_bytes=b"\0alice\0wrong")
+        burst = (encode_request_frame(ApiKey.SASL_HANDSHAKE, 1, 1, "x", codec.encode(hs), 1)
+                 + encode_request_frame(ApiKey.SASL_AUTHENTICATE, 2, 2, "x", codec.encode(au), 2))
+        clients = [socket.create_connection(d.address("SASL_PLAINTEXT")) for _ in range(10)]
+        for s in clients:
+            s.sendall(burst)
+        deadline = time.monotonic() + 20
+        while (d.server.plain_pending or not ran) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for s in clients:
+            s.close()
+        time.sleep(0.2)
+        gc.collect()
+        d.run(asyncio.sleep(0.1))
+        assert [c.get("message") for c in d.errors] == []
+        # The connections timed out while their derivations waited: those were not run.
+        assert len(ran) < 10, ran
+    closed = socket.socket()
+    closed.close()
+    assert connection._peer_gone(closed)
+
+
+# 45,000 ACLs and one DeleteAcls of 300 filters naming groups without ACLs (5.6 KB) held the
+# event loop 18 s (every filter against every ACL): another group's member lost its session.
+# Measured here as the loop's lag while the request runs (a ticker on the daemon's loop).
+def test_a_small_delete_acls_does_not_freeze_the_daemon(daemon: InProcess) -> None:
+    state = daemon.server.security
+    records = state.create_acls([AclBinding.of("GROUP", f"g{i}", f"User:u{i % 97}", "READ")
+                                 for i in range(45_000)])[1]
+
+    async def load() -> None:
+        await daemon.server.security_service.store.apply(records)
+    daemon.run(load(), timeout=120)
+    assert len(state.authorizer) == 45_000
+    lags: list[float] = []
+    done = threading.Event()
+
+    async def ticker() -> None:
+        while not done.is_set():
+            before = time.monotonic()
+            await asyncio.sleep(0.01)
+            lags.append(time.monotonic() - before - 0.01)
+    ticking = asyncio.run_coroutine_threadsafe(ticker(), daemon.loop)
+    request_cls = APIS[ApiKey.DELETE_ACLS].request_class(3)
+    import importlib
+    f = importlib.import_module(request_cls.__module__).DeleteAclsFilter
+    filters = tuple(f(resource_type_filter=3, resource_name_filter=f"none-{i:05d}",
+                      pattern_type_filter=3, principal_filter=None, host_filter=None,
+                      operation=1, permission_type=1) for i in range(300))
+    try:
+        with Raw(daemon.address("PLAINTEXT"), timeout=120) as admin:
+            time.sleep(0.1)
+            r = admin.call(ApiKey.DELETE_ACLS, 3, request_cls(filters=filters))
+            time.sleep(0.1)
+    finally:
+        done.set()
+        ticking.result(10)
+    assert [(int(x.error_code), list(x.matching_acls)) for x in r.filter_results] == \
+        [(0, [])] * 300
+    assert len(state.authorizer) == 45_000
+    # Before: one lag of ~18 s. A session (10 s by default) is never in danger now.
+    assert max(lags) < 1.0, max(lags)

@@ -91,8 +91,10 @@ def _peer_gone(sock: Any) -> bool:
     if sock is None:
         return False
     try:
+        if sock.fileno() < 0:  # the connection was closed meanwhile (asyncio's socket is -1)
+            return True
         return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _PEER_CLOSED
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, ValueError):
         return False
 
 
@@ -789,12 +791,14 @@ class Connection(asyncio.Protocol):
             self._sasl_stepped(sasl, slot, cls, exc)
             return
         # On its own small pool (the default executor runs every partition's fsync), with a
-        # bound on the derivations waiting: past it the attempt fails at once (docs/security.md).
+        # bound on the derivations waiting. Past it the server is busy, which is not a wrong
+        # password: no SASL_AUTHENTICATION_FAILED (clients treat that as fatal); the connection
+        # is closed unanswered after connection.failed.authentication.delay.ms, as Kafka's
+        # connection throttling does, and clients reconnect with backoff (docs/security.md).
         daemon = self.server
         if daemon.plain_pending >= daemon.plain_max_pending:
             daemon.plain_refused(self.peer, self.listener.name)
-            self._sasl_stepped(sasl, slot, cls, mechanisms.SaslFailure(
-                "Authentication failed: too many PLAIN authentications in progress"))
+            self._sasl_busy(sasl)
             return
         sasl.state = BUSY
         self._stop(AUTH)
@@ -813,9 +817,11 @@ class Connection(asyncio.Protocol):
 
         def stepped(f: asyncio.Future[bytes]) -> None:
             daemon.plain_pending -= 1
+            # Retrieved before anything else: a client gone meanwhile left an exception that
+            # asyncio would otherwise log as a multi-line "never retrieved" traceback.
+            exc = f.exception() if not f.cancelled() else mechanisms.SaslFailure("cancelled")
             if self._lost:
                 return
-            exc = f.exception() if not f.cancelled() else mechanisms.SaslFailure("cancelled")
             outcome: bytes | mechanisms.SaslFailure
             if exc is None:
                 outcome = f.result()
@@ -829,6 +835,19 @@ class Connection(asyncio.Protocol):
             if sasl.state != FAILED:
                 self._go(AUTH)
         future.add_done_callback(stepped)
+
+    def _sasl_busy(self, sasl: _Sasl) -> None:
+        """Too many PLAIN derivations in progress: nothing more is read; the connection is
+        closed unanswered after connection.failed.authentication.delay.ms (not counted as an
+        authentication failure: the client may retry)."""
+        sasl.state = FAILED
+        sasl.server = None
+        self._stop(AUTH)
+        delay = self.server.auth_failure_delay_s
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, self.close)
+        else:
+            self.close()
 
     def _sasl_stepped(self, sasl: _Sasl, slot: _Slot, cls: type,
                       outcome: bytes | mechanisms.SaslFailure) -> None:
