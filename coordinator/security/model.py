@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -340,7 +341,8 @@ class Authorizer:
 
     ACLs are indexed by (resource type, name) for LITERAL patterns and by resource type then
     prefix for PREFIXED ones, so a decision looks at the ACLs on its resource only: one dict
-    look-up per literal name (the name, ``*``) and one per prefix length of the name."""
+    look-up per literal name (the name, ``*``) and one per length that a PREFIXED name of the type
+    has. A filter naming a resource finds its candidates the same way (DeleteAcls, DescribeAcls)."""
 
     def __init__(self, super_users: str | Iterable[str] = (),
                  allow_everyone_if_no_acl_found: bool = False,
@@ -350,6 +352,9 @@ class Authorizer:
         self._acls: set[AclBinding] = set()
         self._literal: dict[tuple[ResourceType, str], set[AclBinding]] = {}
         self._prefixed: dict[ResourceType, dict[str, set[AclBinding]]] = {}
+        # The lengths of the PREFIXED names of each type (length -> how many names): a name is
+        # looked up at these lengths only, not at each of its own.
+        self._prefix_lengths: dict[ResourceType, Counter[int]] = {}
         for acl in acls:
             self.add(acl)
 
@@ -370,7 +375,10 @@ class Authorizer:
         self._acls.add(acl)
         p = acl.pattern
         if p.pattern_type is PatternType.PREFIXED:
-            self._prefixed.setdefault(p.resource_type, {}).setdefault(p.name, set()).add(acl)
+            by_prefix = self._prefixed.setdefault(p.resource_type, {})
+            if p.name not in by_prefix:
+                self._prefix_lengths.setdefault(p.resource_type, Counter())[len(p.name)] += 1
+            by_prefix.setdefault(p.name, set()).add(acl)
         else:
             self._literal.setdefault((p.resource_type, p.name), set()).add(acl)
         return True
@@ -386,8 +394,13 @@ class Authorizer:
             by_prefix[p.name].discard(acl)
             if not by_prefix[p.name]:
                 del by_prefix[p.name]
+                lengths = self._prefix_lengths[p.resource_type]
+                lengths[len(p.name)] -= 1
+                if not lengths[len(p.name)]:
+                    del lengths[len(p.name)]
                 if not by_prefix:
                     del self._prefixed[p.resource_type]
+                    del self._prefix_lengths[p.resource_type]
         else:
             bucket = self._literal[(p.resource_type, p.name)]
             bucket.discard(acl)
@@ -399,10 +412,39 @@ class Authorizer:
         self._acls.clear()
         self._literal.clear()
         self._prefixed.clear()
+        self._prefix_lengths.clear()
 
     def matching(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
-        """Every ACL ``acl_filter`` matches, sorted."""
-        return sorted(a for a in self._acls if acl_filter.matches(a))
+        """Every ACL ``acl_filter`` matches, sorted. A filter naming a resource looks at the
+        ACLs on that name only (the index); one without a name looks at every ACL."""
+        candidates = self.candidates(acl_filter)
+        return sorted(a for a in (self._acls if candidates is None else candidates)
+                      if acl_filter.matches(a))
+
+    def candidates(self, acl_filter: AclBindingFilter) -> list[AclBinding] | None:
+        """The ACLs ``acl_filter`` may match, from the index (a superset of its matches);
+        None when it names no resource (every ACL is a candidate)."""
+        p = acl_filter.pattern
+        if p.name is None:
+            return None
+        types = ([p.resource_type] if p.resource_type is not ResourceType.ANY
+                 else list(ResourceType)[2:])
+        out: list[AclBinding] = []
+        for rtype in types:
+            if p.pattern_type is PatternType.MATCH:
+                out.extend(self.on_resource(rtype, p.name))
+                continue
+            if p.pattern_type in (PatternType.ANY, PatternType.LITERAL):
+                out.extend(self._literal.get((rtype, p.name), ()))
+            if p.pattern_type in (PatternType.ANY, PatternType.PREFIXED):
+                out.extend(self._prefixed.get(rtype, {}).get(p.name, ()))
+        return out
+
+    def work(self, acl_filter: AclBindingFilter) -> int:
+        """How many ACLs :meth:`matching` looks at for ``acl_filter`` (index look-ups
+        counted as one each)."""
+        candidates = self.candidates(acl_filter)
+        return len(self._acls) if candidates is None else len(candidates) + 1
 
     def on_resource(self, resource_type: ResourceType, name: str) -> Iterator[AclBinding]:
         """The ACLs whose pattern matches the resource (step 2 of the module doc)."""
@@ -412,10 +454,11 @@ class Authorizer:
             yield from literal.get((resource_type, WILDCARD_RESOURCE), ())
         by_prefix = self._prefixed.get(resource_type)
         if by_prefix:
-            for end in range(1, len(name) + 1):
-                bucket = by_prefix.get(name[:end])
-                if bucket:
-                    yield from bucket
+            for end in self._prefix_lengths[resource_type]:
+                if end <= len(name):
+                    bucket = by_prefix.get(name[:end])
+                    if bucket:
+                        yield from bucket
 
     # -- decisions --------------------------------------------------------------------------------
     def decide(self, principal: str, host: str, operation: Operation | str | int,

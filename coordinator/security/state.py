@@ -57,6 +57,7 @@ from coordinator.security.scram import (
 )
 
 __all__ = [
+    "MAX_DELETE_WORK",
     "AclDeleteResult",
     "ItemResult",
     "RECORD_TYPES",
@@ -78,6 +79,11 @@ UNSUPPORTED_SASL_MECHANISM = 33
 RESOURCE_NOT_FOUND = 91
 DUPLICATE_RESOURCE = 92
 UNACCEPTABLE_CREDENTIAL = 93
+
+MAX_DELETE_WORK = 500_000
+"""The most ACLs one DeleteAcls request may examine (filters without a resource name examine
+every ACL; one naming a resource only the ACLs on that name): measured ~1 us each, so at most
+about half a second of the event loop (docs/security.md)."""
 
 RECORD_TYPES = frozenset({UserScramCredentialKey.__api_key__, AccessControlEntryKey.__api_key__})
 """The record type ids of the security records (8, 9)."""
@@ -388,10 +394,23 @@ class SecurityState:
                 records.append(acl_record(acl, now_ms))
         return results, records
 
-    def delete_acls(self, filters: Sequence[AclBindingFilter]
+    def delete_acls(self, filters: Sequence[AclBindingFilter],
+                    max_work: int = MAX_DELETE_WORK
                     ) -> tuple[list[AclDeleteResult], list[Record]]:
         """One result per filter with the ACLs it matched (an ACL matched by several filters is
-        listed by each, deleted once); a filter with an UNKNOWN element is INVALID_REQUEST."""
+        listed by each, deleted once); a filter with an UNKNOWN element is INVALID_REQUEST.
+        A filter naming a resource looks at that name's ACLs only; one without a name at
+        every ACL. A request that would look at more than ``max_work`` ACLs in all is
+        refused (INVALID_REQUEST on every filter, nothing deleted): it would hold the event
+        loop for seconds."""
+        work = sum(self.authorizer.work(f) for f in filters if f.unknown_reason() is None)
+        if work > max_work:
+            scans = sum(1 for f in filters if f.pattern.name is None)
+            message = (f"DeleteAcls would examine {work} ACLs ({len(filters)} filters, {scans} "
+                       f"of them without a resource name, each examining all "
+                       f"{len(self.authorizer)} ACLs), more than {max_work} per request: send "
+                       "fewer filters per request or name the resource in each")
+            return [AclDeleteResult(INVALID_REQUEST, message) for _ in filters], []
         results: list[AclDeleteResult] = []
         records: list[Record] = []
         gone: set[AclBinding] = set()
