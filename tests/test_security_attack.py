@@ -413,8 +413,8 @@ def test_a_plain_flood_does_not_lock_out_a_real_worker_or_the_cli(
             "sasl.enabled.mechanisms": "PLAIN", "sasl.plain.allow.insecure": True,
             "connection.failed.authentication.delay.ms": 50,
             "group.connect.session.timeout.ms": 10_000}) as d:
-        sasl_at = "%s:%d" % d.address("SASL_PLAINTEXT")
-        plain_at = "%s:%d" % d.address("PLAINTEXT")
+        sasl_at = "{}:{}".format(*d.address("SASL_PLAINTEXT"))
+        plain_at = "{}:{}".format(*d.address("PLAINTEXT"))
         stop, seen = threading.Event(), []
         flooders = [threading.Thread(target=_flood, args=(d.address("SASL_PLAINTEXT"), stop, seen),
                                      daemon=True) for _ in range(32)]
