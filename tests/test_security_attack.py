@@ -215,6 +215,39 @@ def test_no_describe_reveals_nothing_about_which_groups_exist(daemon: InProcess)
         assert not listed.error_code and not listed.groups
 
 
+# ConnectGroupDescribe answered connector configs verbatim (password=...) to any principal that
+# may DESCRIBE the group. Who may only look now sees secret-looking values as [hidden]; the
+# group's workers (READ) and admins (ALTER) see them as written.
+def test_secret_config_values_are_hidden_from_describe_only_principals(daemon: InProcess) -> None:
+    config = (("connector.class", "x.Y"), ("connection.password", "hunter2"),
+              ("sasl.jaas.config", "... password=\"p\";"), ("api.key", "k-123"),
+              ("db.password", "${file:/run/secrets/db.properties:password}"),
+              ("topic", "orders"))
+    with Raw(daemon.address("PLAINTEXT")) as admin:
+        assert not admin.call(ApiKey.CONNECT_GROUP_ALTER_CONNECTORS, 0,
+                              ConnectGroupAlterConnectorsRequest(
+                                  group_id="vault", validate_only=False, deletes=(),
+                                  upserts=(_alter.ConnectorSpec(name="c", task_count=1, config=tuple(
+                                      _alter.ConfigEntry(name=k, value=v) for k, v in config)),)
+                              )).error_code
+
+    def seen_by(user: str | None) -> dict[str, str | None]:
+        with (_sasl(daemon) if user else Raw(daemon.address("PLAINTEXT"))) as c:
+            if user:
+                assert not c.scram(user, USERS[user]).error_code
+            (g,) = c.call(ApiKey.CONNECT_GROUP_DESCRIBE, 0, ConnectGroupDescribeRequest(
+                group_ids=("vault",))).groups
+            assert not g.error_code, g.error_message
+            (conn,) = g.connectors
+            return {e.name: e.value for e in conn.config}
+    _change(daemon, create=[AclBinding.of("GROUP", "vault", "User:bob", "DESCRIBE"),
+                            AclBinding.of("GROUP", "vault", "User:alice", "READ")])
+    assert seen_by("bob") == {**dict(config), "connection.password": "[hidden]",
+                              "sasl.jaas.config": "[hidden]", "api.key": "[hidden]"}
+    assert seen_by("alice") == dict(config)  # a worker of the group runs the connector
+    assert seen_by(None) == dict(config)  # the super user
+
+
 def test_acl_changes_reach_cached_decisions_at_once(daemon: InProcess) -> None:
     allow = AclBinding.of("GROUP", "orders", "User:alice", "READ")
     deny = AclBinding.of("GROUP", "ord", "User:*", "ALL", "DENY", pattern_type="PREFIXED")

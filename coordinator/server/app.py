@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from connect_wire import codec
+from connect_wire import codec, secrets
 from connect_wire.apis import APIS, ApiKey
 from connect_wire.errors import ErrorCode
 from connect_wire.messages import (
@@ -328,7 +328,17 @@ class Router:
                 lambda core: core.describe(ConnectGroupDescribeRequest(group_ids=(group_id,))))
         except ShardUnavailable as exc:
             return unavailable(exc.code, exc.message)
-        return response.groups[0]
+        described = response.groups[0]
+        if (self.acl and ctx is not None and described.connectors
+                and not self.allowed(ctx, "READ", "GROUP", group_id)
+                and not self.allowed(ctx, "ALTER", "GROUP", group_id)):
+            # Who may only look (DESCRIBE) does not see secret values; the group's workers
+            # (READ) run the connectors and its admins (ALTER) write them.
+            described = dataclasses.replace(described, connectors=tuple(
+                dataclasses.replace(c, config=tuple(
+                    dataclasses.replace(e, value=secrets.hide(e.name, e.value))
+                    for e in c.config)) for c in described.connectors))
+        return described
 
     def _list_groups(self, cls: type, req: Any, ctx: RequestContext) -> asyncio.Future[Any]:
         # As Kafka: every group with DESCRIBE on the cluster, else those the principal may
