@@ -119,6 +119,14 @@ def parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics (default: off)")
     r.add_argument("--log-format", choices=("json", "console"), default="json")
     r.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    r.add_argument("--config-providers", default="", metavar="NAME[,NAME...]",
+                   help="Kafka's config providers to resolve in connector configs when starting "
+                   "an instance, so secrets stay on the workers: file (${file:PATH:KEY} of a "
+                   ".properties file), directory (${directory:DIR:FILE}), env (${env:NAME}); "
+                   "default none")
+    r.add_argument("--config-providers-allowed-paths", default="", metavar="DIR[,DIR...]",
+                   help="the directories file and directory references may read (Kafka's "
+                   "allowed.paths); default any file this process can read")
     client_security.add_arguments(r, "--client-config")
     return p
 
@@ -140,6 +148,13 @@ async def _run(args: argparse.Namespace) -> int:
     except client_security.SecurityConfigError as exc:
         print(f"connect-worker: configuration error: {exc}", file=sys.stderr)
         return 2
+    from worker_client.config_providers import ConfigProviders
+    try:
+        providers = ConfigProviders(args.config_providers.split(","),
+                                    args.config_providers_allowed_paths.split(","))
+    except ValueError as exc:
+        print(f"connect-worker: --config-providers: {exc}", file=sys.stderr)
+        return 2
     config = WorkerConfig(
         bootstrap=list(dict.fromkeys(a for group in args.bootstrap for a in group)),
         group_id=args.group, member_id=args.member_id,
@@ -148,7 +163,7 @@ async def _run(args: argparse.Namespace) -> int:
         session_timeout_ms=args.session_timeout_ms,
         long_poll=not args.no_long_poll, max_delay_ms=args.max_delay_ms,
         assignors=[a.strip() for a in args.assignors.split(",") if a.strip()],
-        security=security,
+        security=security, config_providers=providers if providers.enabled else None,
     )
     try:
         worker = Worker(config)

@@ -73,6 +73,7 @@ from worker_client.assignors import (
     install_request,
 )
 from worker_client.client import ConnectionFailed, CoordinatorClient
+from worker_client.config_providers import ConfigProviders
 from worker_client.failstop import FAIL_STOP_EXIT, FailStopGuard, exit_process
 from worker_client.membership import (
     RETRY,
@@ -245,6 +246,10 @@ class WorkerConfig:
     :data:`DEFAULT_STOP_BUDGET_MS` (5 s), or half ``rebalance_timeout_ms`` when only that is
     given. The worker announces twice it as its rebalance timeout, from which the coordinator
     computes the same budget for the hold of a fenced member's items (the fail-stop rule)."""
+    config_providers: ConfigProviders | None = None
+    """Kafka's config providers (``${file:...}``, ``${env:...}``): resolved here when an
+    instance starts, so secrets never reach the coordinator (:mod:`worker_client.config_providers`).
+    None: references are passed to the plugin as written."""
     security: ClientSecurity | None = None
     """Kafka's client security (TLS, SASL: :mod:`connect_wire.client_security`); None =
     PLAINTEXT. Credentials refused end ``run()`` with :class:`WorkerSecurityFailed`."""
@@ -825,7 +830,10 @@ class Worker:
                     continue
                 inst.base = base
                 # The plugin never sees the verbs' reserved keys (connect_wire.verbs).
-                config = {**verbs.plugin_config(base), "connector.name": inst.item.connector,
+                plugin_config = verbs.plugin_config(base)
+                if self.config.config_providers is not None:
+                    plugin_config = self.config.config_providers.resolve(plugin_config)
+                config = {**plugin_config, "connector.name": inst.item.connector,
                           "worker.id": self.worker_id}
                 if not inst.item.is_connector:
                     config["task.id"] = str(inst.item.task)
