@@ -402,12 +402,35 @@ def _scram_login(d: InProcess) -> Raw:
 
 
 # -- found by the issue 19 trial, fixed ---------------------------------------------------------
+def _slow_plain_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: str,
+                       seconds: float, ran: list[str], overrides: dict[str, object]) -> InProcess:
+    """A daemon offering PLAIN only, ``user``'s password ``<user>-pw``, whose password
+    derivations take ``seconds`` longer (their users appended to ``ran``)."""
+    real_finish = sasl.PlainServer.finish
+
+    def slow_finish(self: sasl.PlainServer) -> bytes:
+        ran.append(self.user or "")
+        time.sleep(seconds)
+        return real_finish(self)
+    monkeypatch.setattr(sasl.PlainServer, "finish", slow_finish)
+    append_offline(tmp_path / "data", [
+        credential_record(user, credential_from_password(m, f"{user}-pw")) for m in MECHANISMS])
+    return InProcess(tmp_path, {
+        "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+        "sasl.enabled.mechanisms": "PLAIN", "sasl.plain.allow.insecure": True, **overrides})
+
+
+def _plain_burst(token: bytes) -> bytes:
+    """SaslHandshake(PLAIN) and SaslAuthenticate(token) in one write, as a flooding client."""
+    hs = APIS[ApiKey.SASL_HANDSHAKE].request_class(1)(mechanism="PLAIN")
+    au = APIS[ApiKey.SASL_AUTHENTICATE].request_class(2)(auth_bytes=token)
+    return (encode_request_frame(ApiKey.SASL_HANDSHAKE, 1, 1, "x", codec.encode(hs), 1)
+            + encode_request_frame(ApiKey.SASL_AUTHENTICATE, 2, 2, "x", codec.encode(au), 2))
+
+
 def _flood(address: tuple[str, int], stop: threading.Event, seen: list[str]) -> None:
     """One unauthenticated client: PLAIN with a made-up user, again and again until ``stop``."""
-    hs = APIS[ApiKey.SASL_HANDSHAKE].request_class(1)(mechanism="PLAIN")
-    au = APIS[ApiKey.SASL_AUTHENTICATE].request_class(2)(auth_bytes=b"\0mallory\0guess")
-    burst = (encode_request_frame(ApiKey.SASL_HANDSHAKE, 1, 1, "x", codec.encode(hs), 1)
-             + encode_request_frame(ApiKey.SASL_AUTHENTICATE, 2, 2, "x", codec.encode(au), 2))
+    burst = _plain_burst(b"\0mallory\0guess")
     while not stop.is_set():
         try:
             with socket.create_connection(address, timeout=10) as s:
@@ -433,17 +456,8 @@ def _flood(address: tuple[str, int], stop: threading.Event, seen: list[str]) -> 
 # authentication delay, as Kafka throttles) and both clients connect again with backoff.
 def test_a_plain_flood_does_not_lock_out_a_real_worker_or_the_cli(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_finish = sasl.PlainServer.finish
-
-    def slow_finish(self: sasl.PlainServer) -> bytes:
-        time.sleep(0.05)  # a busy machine: the queue fills with fewer attackers
-        return real_finish(self)
-    monkeypatch.setattr(sasl.PlainServer, "finish", slow_finish)
-    append_offline(tmp_path / "data", [
-        credential_record("worker", credential_from_password(m, "worker-pw")) for m in MECHANISMS])
-    with InProcess(tmp_path, {
-            "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
-            "sasl.enabled.mechanisms": "PLAIN", "sasl.plain.allow.insecure": True,
+    # (a busy machine: the queue fills with fewer attackers)
+    with _slow_plain_daemon(tmp_path, monkeypatch, "worker", 0.05, [], {
             "connection.failed.authentication.delay.ms": 50,
             "group.connect.session.timeout.ms": 10_000}) as d:
         sasl_at = "{}:{}".format(*d.address("SASL_PLAINTEXT"))
@@ -511,23 +525,9 @@ def test_a_plain_flood_does_not_lock_out_a_real_worker_or_the_cli(
 def test_plain_steps_of_timed_out_connections_leave_no_asyncio_errors(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
-    real_finish = sasl.PlainServer.finish
-
-    def slow_finish(self: sasl.PlainServer) -> bytes:
-        ran.append(self.user or "")
-        time.sleep(0.3)
-        return real_finish(self)
-    monkeypatch.setattr(sasl.PlainServer, "finish", slow_finish)
-    append_offline(tmp_path / "data", [
-        credential_record("alice", credential_from_password(m, "alice-pw")) for m in MECHANISMS])
-    with InProcess(tmp_path, {
-            "listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
-            "sasl.enabled.mechanisms": "PLAIN", "sasl.plain.allow.insecure": True,
-            "sasl.authentication.timeout.ms": 200}) as d:
-        hs = APIS[ApiKey.SASL_HANDSHAKE].request_class(1)(mechanism="PLAIN")
-        au = APIS[ApiKey.SASL_AUTHENTICATE].request_class(2)(auth_bytes=b"\0alice\0wrong")
-        burst = (encode_request_frame(ApiKey.SASL_HANDSHAKE, 1, 1, "x", codec.encode(hs), 1)
-                 + encode_request_frame(ApiKey.SASL_AUTHENTICATE, 2, 2, "x", codec.encode(au), 2))
+    with _slow_plain_daemon(tmp_path, monkeypatch, "alice", 0.3, ran,
+                            {"sasl.authentication.timeout.ms": 200}) as d:
+        burst = _plain_burst(b"\0alice\0wrong")
         clients = [socket.create_connection(d.address("SASL_PLAINTEXT")) for _ in range(10)]
         for s in clients:
             s.sendall(burst)
