@@ -259,7 +259,7 @@ def test_delete_acls_by_name_looks_at_that_names_acls_only(
 
 
 # Filters without a resource name look at every ACL: past MAX_DELETE_WORK ACLs examined in one
-# request it is refused with a precise error and nothing deleted.
+# request (or every ACL once, if more) it is refused with a precise error and nothing deleted.
 def test_delete_acls_refuses_a_request_that_would_examine_too_many_acls(
         monkeypatch: pytest.MonkeyPatch) -> None:
     state = _many_acls(45_000)
@@ -270,12 +270,15 @@ def test_delete_acls_refuses_a_request_that_would_examine_too_many_acls(
     assert records == [] and counted.calls == 0
     assert {(r.code, r.message) for r in results} == {(INVALID_REQUEST, (
         "DeleteAcls would examine 13500000 ACLs (300 filters, 300 of them without a resource "
-        "name, each examining all 45000 ACLs), more than 500000 per request: send fewer "
+        "name, each examining all 45000 ACLs), more than 200000 per request: send fewer "
         "filters per request or name the resource in each"))}
     # Within the bound: done (every ACL of one principal, by scanning).
     results, records = state.delete_acls(by_principal[:1] + [AclBindingFilter(
         entry=AccessControlEntryFilter(principal="User:u3"))])
     assert results[0].deleted == () and len(results[1].deleted) == len(records) == 464
+    # One whole scan is always allowed, however many ACLs there are.
+    assert state.delete_acls(by_principal[:1], max_work=10)[0][0].code == 0
+    assert state.delete_acls(by_principal[:2], max_work=10)[0][0].code == INVALID_REQUEST
 
 
 # The index answers exactly what a scan of every ACL answers, for every kind of filter.

@@ -80,10 +80,11 @@ RESOURCE_NOT_FOUND = 91
 DUPLICATE_RESOURCE = 92
 UNACCEPTABLE_CREDENTIAL = 93
 
-MAX_DELETE_WORK = 500_000
-"""The most ACLs one DeleteAcls request may examine (filters without a resource name examine
-every ACL; one naming a resource only the ACLs on that name): measured ~1 us each, so at most
-about half a second of the event loop (docs/security.md)."""
+MAX_DELETE_WORK = 200_000
+"""The most ACLs one DeleteAcls request may examine, or every ACL once if there are more (a
+filter without a resource name examines every ACL; one naming a resource only the ACLs on
+that name): measured 1-2 us each, so a few tenths of a second of the event loop
+(docs/security.md)."""
 
 RECORD_TYPES = frozenset({UserScramCredentialKey.__api_key__, AccessControlEntryKey.__api_key__})
 """The record type ids of the security records (8, 9)."""
@@ -400,10 +401,11 @@ class SecurityState:
         """One result per filter with the ACLs it matched (an ACL matched by several filters is
         listed by each, deleted once); a filter with an UNKNOWN element is INVALID_REQUEST.
         A filter naming a resource looks at that name's ACLs only; one without a name at
-        every ACL. A request that would look at more than ``max_work`` ACLs in all is
-        refused (INVALID_REQUEST on every filter, nothing deleted): it would hold the event
+        every ACL. A request that would look at more than ``max_work`` ACLs in all (or than
+        every ACL once, if there are more) is refused (INVALID_REQUEST on every filter, nothing deleted): it would hold the event
         loop for seconds."""
         work = sum(self.authorizer.work(f) for f in filters if f.unknown_reason() is None)
+        max_work = max(max_work, len(self.authorizer))  # one whole scan is always allowed
         if work > max_work:
             scans = sum(1 for f in filters if f.pattern.name is None)
             message = (f"DeleteAcls would examine {work} ACLs ({len(filters)} filters, {scans} "
