@@ -254,8 +254,9 @@ class Metrics:
             "without a re-authentication", registry=r)
         self.sasl_plain_refused = Counter(
             f"{NS}_sasl_plain_refused",
-            "PLAIN authentications failed at once because too many password derivations were "
-            "in progress (running or waiting)", registry=r)
+            "PLAIN authentications not attempted because too many password derivations were "
+            "in progress (running or waiting): the connection was closed unanswered, for the "
+            "client to retry", registry=r)
         self.authorization_denied = Counter(
             f"{NS}_authorization_denied",
             "Requests (or items of a request) refused by the authorizer, by API and resource type",

@@ -402,8 +402,8 @@ class SecurityState:
         listed by each, deleted once); a filter with an UNKNOWN element is INVALID_REQUEST.
         A filter naming a resource looks at that name's ACLs only; one without a name at
         every ACL. A request that would look at more than ``max_work`` ACLs in all (or than
-        every ACL once, if there are more) is refused (INVALID_REQUEST on every filter, nothing deleted): it would hold the event
-        loop for seconds."""
+        every ACL once, if there are more) is refused (INVALID_REQUEST on every filter, nothing
+        deleted): it would hold the event loop for seconds."""
         work = sum(self.authorizer.work(f) for f in filters if f.unknown_reason() is None)
         max_work = max(max_work, len(self.authorizer))  # one whole scan is always allowed
         if work > max_work:

@@ -508,9 +508,9 @@ class CoordinatorServer:
         if now - last < AUTH_FAILURE_LOG_INTERVAL_S:
             self._plain_refused_logged = (last, suppressed + 1)
             return
-        log.warning("PLAIN authentication refused: too many password derivations in progress",
-                    peer=peer, listener=listener, limit=self.plain_max_pending,
-                    suppressed=suppressed)
+        log.warning("PLAIN authentication throttled: too many password derivations in "
+                    "progress; closing unanswered", peer=peer, listener=listener,
+                    limit=self.plain_max_pending, suppressed=suppressed)
         self._plain_refused_logged = (now, 0)
 
     def auth_failure_logged(self, peer: str, listener: str, mechanism: str, user: str | None,
