@@ -71,26 +71,48 @@ class AuthenticationInterrupted(CannotConnect):
     a refusal. Nothing but the authentication was sent."""
 
 
+class TimeSpent(CannotConnect):
+    """The command's deadline passed before this connection or request (nothing was sent)."""
+
+
+def _wait_bound(timeout_s: float, deadline: float | None, what: str) -> float:
+    """How long the next connect or read may block: ``timeout_s``, cut to what is left before
+    ``deadline`` (TimeSpent once nothing is)."""
+    if deadline is None:
+        return timeout_s
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeSpent(f"{what}: not asked, the timeout was spent")
+    return min(timeout_s, left)
+
+
 class AdminClient:
     """One connection; with ``security`` (and its ``ssl_context``, built once by the caller)
     opened with TLS and authenticated here, re-authenticated before a call once 85-95 % of the
-    session lifetime the server gave has passed."""
+    session lifetime the server gave has passed. ``timeout_s`` bounds each connect and read;
+    ``deadline`` (time.monotonic()), when given, bounds them all together."""
 
     def __init__(self, host: str, port: int, timeout_s: float = 10.0,
                  client_id: str = "connect-coordinator-cli",
                  security: ClientSecurity | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 deadline: float | None = None) -> None:
         self.address = (host, port)
         self.timeout_s = timeout_s
+        self.deadline = deadline
         self.client_id = client_id
         self.security = security
         self.session: Session | None = None
         self.reauthentications = 0
         self._reauth_at: float | None = None
         self._ids = itertools.count(1)
+        self.answers = 0
+        """Answers read on this connection (none yet: a closed connection hints at a listener
+        of another security protocol)."""
         where = format_addresses([self.address])
+        wait = _wait_bound(timeout_s, deadline, where)
         try:
-            sock = socket.create_connection(self.address, timeout=timeout_s)
+            sock = socket.create_connection(self.address, timeout=wait)
         except OSError as exc:
             raise CannotConnect(f"cannot connect to {where}: {exc}") from None
         if security is not None and security.uses_tls:
@@ -157,6 +179,17 @@ class AdminClient:
             return tls_failure(exc, format_addresses([self.address]), self.security)
         return None
 
+    def _mismatch_hint(self) -> str:
+        """For a connection the server closed before its first answer: the likely cause (a
+        PLAINTEXT client at a TLS or SASL listener, a TLS client without SASL at a SASL_SSL
+        one: the server drops a request it cannot take on that listener without a word)."""
+        if self.answers:
+            return ""
+        mine = self.security.protocol if self.security is not None else "PLAINTEXT"
+        return (f" before answering anything on it: the listener's security protocol probably "
+                f"does not match this client's ({mine}; set --security-protocol or "
+                "--command-config)")
+
     def _read_exactly(self, n: int) -> bytes:
         chunks = []
         while n:
@@ -181,6 +214,8 @@ class AdminClient:
             key, request_header = api.key, api.request_header_version(version)
             response_cls, response_header = (api.response_class(version),
                                              api.response_header_version(version))
+        self.sock.settimeout(_wait_bound(self.timeout_s, self.deadline,
+                                         format_addresses([self.address])))
         correlation_id = next(self._ids)
         frame = encode_request_frame(
             key, version, correlation_id, self.client_id, codec.encode(request),
@@ -192,6 +227,8 @@ class AdminClient:
             if size < 0:  # was a ValueError from recv(), escaping the AdminError contract
                 raise AdminError(f"{self.address[0]}:{self.address[1]} sent a negative frame size")
             body = self._read_exactly(size)
+        except AdminError as exc:
+            raise AdminError(f"{exc}{self._mismatch_hint()}") from None
         except (OSError, struct.error) as exc:
             refused = tls_failure(exc, format_addresses([self.address]), self.security) \
                 if isinstance(exc, OSError) else None
@@ -200,7 +237,10 @@ class AdminClient:
                 refused = self._tls_refusal()
             if refused is not None:  # (TLS 1.3: the server refusing our certificate shows here)
                 raise refused from None
-            raise AdminError(f"request to {self.address[0]}:{self.address[1]} failed: {exc}") from None
+            raise AdminError(f"request to {self.address[0]}:{self.address[1]} failed: {exc}"
+                             f"{self._mismatch_hint() if isinstance(exc, ConnectionError) else ''}"
+                             ) from None
+        self.answers += 1
         got, offset = parse_response_header(body, response_header)
         if got != correlation_id:
             raise AdminError(f"correlation id {got} != {correlation_id}")
@@ -256,13 +296,16 @@ class AdminSession:
     """Admin requests against a coordinator cluster reached through a bootstrap list.
 
     ``timeout_s`` bounds each connect and read, and also how long :meth:`group_call` keeps
-    retrying a group whose coordinator is moving or loading. Connections are cached per address
-    and closed by :meth:`close` (or the context manager).
+    retrying a group whose coordinator is moving or loading. ``deadline`` (time.monotonic()),
+    when given, bounds everything the session does together (the CLI's ``--timeout``: Metadata,
+    FindCoordinator, every connection, request and retry): past it nothing more is asked.
+    Connections are cached per address and closed by :meth:`close` (or the context manager).
     """
 
     def __init__(self, bootstrap: Sequence[Address], timeout_s: float = 10.0,
                  client_id: str = "connect-coordinator-cli", backoff_s: float = 0.05,
-                 max_backoff_s: float = 1.0, security: ClientSecurity | None = None) -> None:
+                 max_backoff_s: float = 1.0, security: ClientSecurity | None = None,
+                 deadline: float | None = None) -> None:
         if not bootstrap:
             raise ValueError("at least one bootstrap address is needed")
         self.bootstrap = list(bootstrap)
@@ -271,6 +314,7 @@ class AdminSession:
         self.security = security
         self.ssl_context = security.ssl_context() if security is not None else None
         self.timeout_s = timeout_s
+        self.deadline = deadline
         self.client_id = client_id
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -298,13 +342,14 @@ class AdminSession:
     def connect(self, address: Address) -> AdminClient:
         """A new connection to ``address`` with the session's security (not cached). An
         authentication the server interrupted (busy) is tried again, backing off as
-        :meth:`group_call` does, for at most ``timeout_s``."""
-        deadline = time.monotonic() + self.timeout_s
+        :meth:`group_call` does, until the session's deadline or ``timeout_s``."""
+        deadline = self._deadline()
         failures = 0
         while True:
             try:
                 return AdminClient(*address, timeout_s=self.timeout_s, client_id=self.client_id,
-                                   security=self.security, ssl_context=self.ssl_context)
+                                   security=self.security, ssl_context=self.ssl_context,
+                                   deadline=self.deadline)
             except AuthenticationInterrupted:
                 failures += 1
                 pause = random.uniform(self.backoff_s / 2, min(
@@ -312,6 +357,11 @@ class AdminSession:
                 if time.monotonic() + pause > deadline:
                     raise
                 self.sleep(pause)
+
+    def _deadline(self) -> float:
+        """When retrying stops: ``timeout_s`` from now, or the session's deadline if sooner."""
+        own = time.monotonic() + self.timeout_s
+        return own if self.deadline is None else min(own, self.deadline)
 
     def _drop(self, address: Address) -> None:
         client = self._clients.pop(address, None)
@@ -400,7 +450,7 @@ class AdminSession:
         request = ListGroupsRequest(states_filter=tuple(states_filter),
                                     types_filter=tuple(types_filter))
         answered, nodes = self.nodes()
-        deadline = time.monotonic() + self.timeout_s
+        deadline = self._deadline()
 
         def ask(node: Node) -> tuple[Any, str | None]:
             # One node: the connection Metadata came on. Several: a connection per thread of
@@ -426,8 +476,12 @@ class AdminSession:
                     pause = random.uniform(self.backoff_s / 2, min(
                         self.max_backoff_s, self.backoff_s * 2 ** min(failures, 16)))
                     if time.monotonic() + pause > deadline:
-                        return resp, (f"{error_name(code)}: still not answering for all its "
-                                      f"partitions after {self.timeout_s:g}s")
+                        return resp, (f"{error_name(code)}: " + (
+                            "some of its partitions were still loading"
+                            if code in RETRY_SAME_NODE else
+                            "some partitions had no live node serving them (a failover, or "
+                            "nodes cut off from etcd)") + f" after {self.timeout_s:g}s: their "
+                            "groups are missing")
                     self.sleep(pause)
             finally:
                 if own is not None:
@@ -459,7 +513,7 @@ class AdminSession:
         ``resend_if_lost=False`` (a change) a connection broken after sending raises
         :class:`OutcomeUnknown` instead of resending. Other errors in the answer are returned.
         """
-        deadline = time.monotonic() + self.timeout_s
+        deadline = self._deadline()
         failures = 0
         address: Address | None = None
         while True:

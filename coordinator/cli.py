@@ -140,8 +140,8 @@ def parser() -> argparse.ArgumentParser:
                        "turn, and a group's requests go to the node that coordinates it "
                        f"(default {DEFAULT_BOOTSTRAP})")
         a.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                       help="bound on each connection and answer, and on retrying a group whose "
-                       "coordinator is moving or loading (default 10)")
+                       help="bound on the whole command: finding the nodes, every connection, "
+                       "answer and retry (default 10)")
         client_security.add_arguments(a, "--command-config")
         return a
 
@@ -204,7 +204,8 @@ def _session(args: argparse.Namespace) -> AdminSession:
     chosen = args.bootstrap or [parse_bootstrap(DEFAULT_BOOTSTRAP)]
     addresses = list(dict.fromkeys(a for group in chosen for a in group))
     return AdminSession(addresses, timeout_s=args.timeout,
-                        security=client_security.from_args(args))
+                        security=client_security.from_args(args),
+                        deadline=time.monotonic() + args.timeout)
 
 
 def _check(code: int, message: str | None) -> None:

@@ -199,3 +199,44 @@ def test_a_connector_without_connector_class_is_refused_by_the_cli(args: tuple[s
     assert r.stderr.startswith(f"connect-coordinator connectors {args[0]}: error: "), r.stderr
     assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[DaemonPool]:
+    with DaemonPool(tmp_path) as p:
+        yield p
+
+
+def test_timeout_bounds_the_whole_command_not_each_address(pool: DaemonPool, tmp_path: Path) -> None:
+    """``--timeout`` is one deadline for the command: discovery, every connection and request.
+    It bounded each connect and read, so a bootstrap list of frozen nodes took the timeout once
+    per node (2.2-2.9 s for ``--timeout 1`` against a frozen owner): now the first frozen node
+    spends it and the next is not asked, which the message says."""
+    frozen = [pool.start(tmp_path / f"d{i}") for i in range(2)]
+    for d in frozen:
+        d.proc.send_signal(signal.SIGSTOP)
+    try:
+        r = coordinator("groups", "describe", "g", "--timeout", "1",
+                        "--bootstrap", ",".join(d.bootstrap for d in frozen))
+    finally:
+        for d in frozen:
+            d.proc.send_signal(signal.SIGCONT)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r
+    first, second = (d.bootstrap for d in frozen)
+    assert f"{first} failed: timed out" in r.stderr, r.stderr
+    assert f"{second}: not asked, the timeout was spent" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ("connectors", "create", "--group", "g", "c", "--tasks", "1", "--config", "connector.class=a:B"),
+    ("groups", "list")])
+def test_a_plaintext_cli_at_a_sasl_listener_says_the_protocol_probably_does_not_match(
+        pool: DaemonPool, tmp_path: Path, command: tuple[str, ...]) -> None:
+    """The server closes a connection whose first request it cannot take on that listener; the
+    CLI said only "closed the connection" (or, for a change, "may or may not have been
+    applied"), no hint at the cause."""
+    d = pool.start(tmp_path / "d", extra_args=["--listen", "SASL_PLAINTEXT://127.0.0.1:0"])
+    r = coordinator(*command, "--bootstrap", d.bootstrap, "--timeout", "5")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r
+    assert "security protocol probably does not match this client's (PLAINTEXT; set " \
+           "--security-protocol or --command-config)" in r.stderr, r.stderr

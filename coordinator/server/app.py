@@ -41,7 +41,7 @@ from coordinator.group.coordinator import RequestContext
 from coordinator.metrics import Metrics
 from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
-from coordinator.runtime.shard import ACTIVE, FAILED, UNOWNED, Shard, ShardUnavailable
+from coordinator.runtime.shard import ACTIVE, FAILED, Shard, ShardUnavailable
 from coordinator.security import ANONYMOUS, CLUSTER_NAME
 from coordinator.security.listeners import WILDCARDS, describe
 from coordinator.security.service import API_KEYS as SECURITY_API_KEYS
@@ -346,16 +346,29 @@ class Router:
         everything = not self.acl or self.allowed(ctx, "DESCRIBE", "CLUSTER", CLUSTER_NAME)
 
         async def run() -> Any:
+            # A partition another live node owns is that node's to list (as Kafka's brokers
+            # do); any other partition this node cannot read makes the answer partial, and the
+            # top-level error says so (the groups read are listed all the same):
+            # COORDINATOR_LOAD_IN_PROGRESS while it loads, COORDINATOR_NOT_AVAILABLE while no
+            # live node serves it (a failover, a node cut off from etcd; clients retry both),
+            # the shard's own error when it failed to load (a client reports that at once).
             groups: list[tuple[str, str]] = []
             error = 0
+            cluster = self.server.cluster
             for shard in self.server.shards:
-                if shard.state == UNOWNED:
-                    continue  # several nodes: another node lists it (as Kafka's brokers do)
+                if cluster is not None and shard.state != ACTIVE \
+                        and cluster.served_elsewhere(shard.partition):
+                    continue
                 try:
                     groups += await shard.read(lambda core: core.list_groups())
                 except ShardUnavailable as exc:
-                    if exc.code != ErrorCode.NOT_COORDINATOR or shard.state == FAILED:
-                        error = exc.code
+                    if cluster is not None and cluster.served_elsewhere(shard.partition):
+                        continue
+                    code = exc.code
+                    if code == ErrorCode.NOT_COORDINATOR and shard.state != FAILED:
+                        code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+                    if not error or error in RETRIABLE_LISTING:
+                        error = code
             if not everything:
                 groups = [g for g in groups if self.allowed(ctx, "DESCRIBE", "GROUP", g[0])]
             # The error goes into the one build: rebuilding the response from its own fields
@@ -380,6 +393,11 @@ class Router:
                 entries.append(entry)
             return kafka_apis.assemble(refused, "groups", entries)
         return self._gather(run())
+
+
+RETRIABLE_LISTING = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+"""ListGroups errors a client asks again (a partition loading or without a live owner); any
+other error in an answer wins over them (the client reports it at once)."""
 
 
 class CoordinatorServer:
