@@ -22,6 +22,7 @@ computed at scrape time too, not updated per heartbeat.
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -216,6 +217,9 @@ class Metrics:
         self.partition_reloads = Counter(f"{NS}_partition_reloads",
                                          "Partition reloads after its log failed at run time",
                                          ["partition"], registry=r)
+        self.per_partition = (self.event_queue_size, self.thread_idle_ratio, self.held_items,
+                              self.log_bytes)
+        """The gauges with a series per loaded partition (dropped with it: drop_partition)."""
         self.connections = Gauge(f"{NS}_connections", "Open client connections", registry=r)
         # Several nodes (store=etcd, issue 12).
         self.partition_moves = Counter(
@@ -263,6 +267,13 @@ class Metrics:
             ["api", "resource_type"], registry=r)
         for state in ("loading", "active", "failed", "unowned"):
             self.partition_count.labels(state).set(0)
+
+    def drop_partition(self, partition: int) -> None:
+        """Remove a partition's per-partition gauge series: the node no longer holds it (a sum
+        over the nodes, e.g. of log bytes against etcd's quota, counts each partition once)."""
+        for gauge in self.per_partition:
+            with contextlib.suppress(KeyError):
+                gauge.remove(str(partition))
 
     def register_groups(self, groups: Callable[[], Iterable[tuple[str, str, int]]],
                         watched: Iterable[str] = ()) -> None:

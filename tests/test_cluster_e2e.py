@@ -493,3 +493,36 @@ def test_kafka_admin_clients_find_every_group_across_the_nodes(cluster: Cluster)
     listed, errors = asyncio.run(aio())
     assert listed == set(groups)
     assert errors == {g: 0 for g in groups}
+
+
+def _gauges(d: Daemon, name: str) -> dict[str, float]:
+    """A node's gauge series: labels (joined) -> value, scraped from its /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert d.metrics_url is not None
+    with urllib.request.urlopen(d.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    return {",".join(s.labels.values()): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == name}
+
+
+def test_a_partition_handed_over_leaves_no_gauge_series_behind(cluster: Cluster) -> None:
+    """connect_coordinator_log_bytes (and the other per-partition gauges) kept the series of
+    partitions a node had handed over (12/8/4 series while each node owned 4), so their sum
+    over the nodes, as checked against etcd's quota, counted partitions twice."""
+    c = cluster
+    c.start(1)
+    c.wait(lambda: len(_gauges(c.nodes[1], "connect_coordinator_log_bytes")) == c.partitions,
+           "node 1 owns every partition")
+    c.start(2)
+    c.start(3)
+    c.wait(lambda: c.owned_everywhere() and all(
+        _gauges(c.nodes[i], "connect_coordinator_partitions")["active"] == 2 for i in c.ports),
+        "each node owns two partitions")
+    for name in ("connect_coordinator_log_bytes", "connect_coordinator_event_queue_size",
+                 "connect_coordinator_held_items", "connect_coordinator_thread_idle_ratio"):
+        series = {i: set(_gauges(c.nodes[i], name)) for i in c.ports}
+        assert all(len(s) == 2 for s in series.values()), (name, series)
+        assert set().union(*series.values()) == {str(p) for p in range(c.partitions)}, series

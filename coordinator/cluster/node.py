@@ -120,6 +120,11 @@ class ClusterNode:
             return None
         return int(owner), *address
 
+    def served_elsewhere(self, partition: int) -> bool:
+        """Whether another live node owns ``partition`` now (so that node lists its groups)."""
+        owner = self.locate(partition)
+        return owner is not None and str(owner[0]) != self.node_id
+
     def controller_id(self) -> int:
         nodes = self.live_nodes()
         return nodes[0][0] if nodes else int(self.node_id)
@@ -368,8 +373,8 @@ class ClusterNode:
             shard.lose("the node's etcd lease was lost while loading")
         if shard.state == ACTIVE:
             self.server.metrics.partition_moves.labels("acquired").inc()
-        elif shard.state == UNOWNED and self.server.shards[partition] is shard:
-            self.server.shards[partition] = UnownedShard(partition, self.server.group_config)
+        elif shard.state == UNOWNED:
+            self._unload(shard)
         self.server.partition_states()
 
     async def _release_stale(self, partition: int) -> None:
@@ -391,17 +396,22 @@ class ClusterNode:
         partition = shard.partition
         started = time.monotonic()
         await shard.close()
-        if self.server.shards[partition] is shard:
-            self.server.shards[partition] = UnownedShard(partition, self.server.group_config)
+        self._unload(shard)
         self.server.metrics.partition_moves.labels("released").inc()
         self.server.partition_states()
         log.info("partition handed over", partition=partition, node_id=self.node_id,
                  seconds=round(time.monotonic() - started, 3))
 
-    def _on_lost(self, shard: EtcdShard, why: str) -> None:
+    def _unload(self, shard: EtcdShard) -> None:
+        """The partition's slot back to unowned, its gauge series gone (unless a newer shard
+        of that partition is in place already)."""
         if self.server.shards[shard.partition] is shard:
             self.server.shards[shard.partition] = UnownedShard(shard.partition,
                                                                self.server.group_config)
+            self.server.metrics.drop_partition(shard.partition)
+
+    def _on_lost(self, shard: EtcdShard, why: str) -> None:
+        self._unload(shard)
         self.server.metrics.partition_moves.labels("lost").inc()
         self.server.partition_states()
         self._wake.set()
