@@ -47,12 +47,12 @@ def emergency(event: str, level: str = "critical", **fields: object) -> None:
 def configure(format: str = "json", level: str = "info", **context: str) -> None:
     global FORMAT
     FORMAT = format
-    processors: list[structlog.types.Processor] = [
+    shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.format_exc_info,
     ]
+    processors = [*shared, structlog.processors.format_exc_info]
     if format == "console":
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
         factory: structlog.types.WrappedLogger = structlog.PrintLoggerFactory(sys.stderr)
@@ -63,6 +63,32 @@ def configure(format: str = "json", level: str = "info", **context: str) -> None
                         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
                         logger_factory=factory, cache_logger_on_first_use=True)
     structlog.contextvars.bind_contextvars(**context)
+    _route_stdlib(format, level, shared)
+
+
+class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The root logger's one handler (:func:`configure` replaces it when called again)."""
+
+
+def _route_stdlib(format: str, level: str, shared: list[structlog.types.Processor]) -> None:
+    """Lines of the standard library's ``logging`` (libraries such as etcd3aio and grpc, and
+    the modules that log through it) go through the same processors and renderer as
+    structlog's own, so every line is JSON under the JSON format (the lease's "keep-alive
+    failed" lines were plain text). The logger's name is kept as ``logger``."""
+    renderer: structlog.types.Processor = (
+        structlog.dev.ConsoleRenderer(colors=False) if format == "console"
+        else structlog.processors.JSONRenderer(
+            serializer=lambda obj, **_: orjson.dumps(obj, default=repr).decode()))
+    handler = _StdlibHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer]))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StdlibHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(LEVELS[level])
 
 
 def get(name: str) -> structlog.stdlib.BoundLogger:

@@ -526,3 +526,35 @@ def test_a_partition_handed_over_leaves_no_gauge_series_behind(cluster: Cluster)
         series = {i: set(_gauges(c.nodes[i], name)) for i in c.ports}
         assert all(len(s) == 2 for s in series.values()), (name, series)
         assert set().union(*series.values()) == {str(p) for p in range(c.partitions)}, series
+
+
+def test_every_line_a_node_logs_is_json_the_lease_lines_too(cluster: Cluster,
+                                                             etcd_server: Any) -> None:  # noqa: F811
+    """Under the JSON log format (the default) a node cut off from etcd logs its lease's
+    trouble ("keep-alive failed", "lost: no renewal within its TTL"), written by modules and
+    libraries logging through the standard library: they were plain text lines among the
+    JSON ones. Every line parses as JSON now, the lease's among them, naming its logger."""
+    c = cluster
+    proxy = TcpProxy("127.0.0.1", etcd_server.client_port)
+    try:
+        c.via[1] = proxy.address
+        c.start(1)
+        c.wait(c.owned_everywhere, "node 1 owns every partition")
+        proxy.cut()
+        c.wait(lambda: "keep-alive failed" in c.nodes[1].stderr(), "the lease's keep-alive to fail")
+        proxy.heal()
+        c.wait(c.owned_everywhere, "node 1 back")
+    finally:
+        proxy.close()
+    lines = [line for line in c.nodes[1].stderr().splitlines() if line.strip()]
+    plain = []
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            plain.append(line)
+    assert not plain, plain[:5]
+    lease = [p for p in parsed if "keep-alive failed" in p["event"]]
+    assert lease and all(p["logger"] == "coordinator.etcd_store" and p["level"] == "warning"
+                         for p in lease), lease
