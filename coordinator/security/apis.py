@@ -30,6 +30,7 @@ from typing import Any
 
 from connect_wire.apis import APIS
 from coordinator import logs
+from coordinator.logs import LogLimiter
 from coordinator.security import ANONYMOUS, CLUSTER_NAME
 from coordinator.security.model import (
     AccessControlEntry,
@@ -152,7 +153,8 @@ class SecurityApis:
     ``handle(api_key, version, request, principal, host)`` returns a coroutine of the response.
     ``max_items``: a request naming more users, ACLs or filters is refused (INVALID_REQUEST on
     each), as ``request.max.items`` does for Kafka's other APIs. ``on_denied(principal, host,
-    api name)`` is called for each denial (metrics).
+    api name)`` is called for each denial (metrics); a denial is logged at most once per 10 s
+    per principal, host and API, 20 lines per 10 s in all.
     """
 
     def __init__(self, state: SecurityState, store: SecurityStore | None = None, *,
@@ -168,6 +170,7 @@ class SecurityApis:
         can be set up before the authorizer is turned on)."""
         self.max_items = max_items
         self.on_denied = on_denied
+        self._denials_logged = LogLimiter(10.0)
         self.clock_ms = clock_ms
         self.ready_timeout_s = ready_timeout_s
         self._ready = asyncio.Event()
@@ -203,9 +206,11 @@ class SecurityApis:
         decision = self.state.decide(principal, host, operation, ResourceType.CLUSTER,
                                      CLUSTER_NAME)
         if self.enforce and not decision.allowed:
-            log.warning("authorization failed", principal=principal, host=host, api=name,
-                        operation=operation.name, resource=f"CLUSTER:{CLUSTER_NAME}",
-                        reason=decision.reason)
+            fields = self._denials_logged.admit((principal, host, name))
+            if fields is not None:
+                log.warning("authorization failed", principal=principal, host=host, api=name,
+                            operation=operation.name, resource=f"CLUSTER:{CLUSTER_NAME}",
+                            reason=decision.reason, **fields)
             if self.on_denied is not None:
                 self.on_denied(principal, host, name)
             return error_response(

@@ -38,6 +38,7 @@ from coordinator import logs
 from coordinator.config import ServerConfig
 from coordinator.group.config import ConfigError
 from coordinator.group.coordinator import RequestContext
+from coordinator.logs import LogLimiter
 from coordinator.metrics import Metrics
 from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
@@ -61,6 +62,7 @@ _HEARTBEAT = int(ApiKey.CONNECT_GROUP_HEARTBEAT)
 LOOP_LAG_PROBE_S = 0.1
 DENIAL_LOG_INTERVAL_S = 10.0  # an authorization denial is logged once per this per principal,
 DENIAL_LOG_KEYS = 10_000  # API and resource (the keys remembered: forgotten all at once past it)
+LOG_LINES_PER_INTERVAL = 20  # lines of one such kind per interval, every key together
 DECISIONS_CACHED = 50_000  # authorizer decisions remembered (all forgotten at once past it)
 PLAIN_THREADS = 2  # PLAIN's password derivations (PBKDF2): their own pool, not the default one
 PLAIN_MAX_PENDING = 16  # derivations running or waiting; past it a PLAIN attempt fails at once
@@ -77,13 +79,15 @@ class Router:
     lists every group with DESCRIBE on the cluster, else the groups the principal may DESCRIBE.
     A denial is GROUP_AUTHORIZATION_FAILED with a message, counted
     (connect_coordinator_authorization_denied_total{api,resource_type}) and logged with the
-    principal (at most once per 10 s per principal, API and resource).
+    principal (at most once per 10 s per principal, API and resource, and 20 lines per 10 s in
+    all: each line says how many were left out).
     """
 
     def __init__(self, server: CoordinatorServer) -> None:
         self.server = server
         self.acl = server.config["authorizer"] == "acl"
-        self._denial_logged: dict[tuple[str, str, str, str], list[float]] = {}
+        self._denials_logged = LogLimiter(DENIAL_LOG_INTERVAL_S, LOG_LINES_PER_INTERVAL,
+                                          DENIAL_LOG_KEYS)
         self._decisions: dict[tuple[str, str, str, str, str], bool] = {}
         self._decisions_version: Any = None
 
@@ -116,18 +120,11 @@ class Router:
         if not self.acl or self.allowed(ctx, operation, resource_type, name):
             return None
         self.server.metrics.authorization_denied.labels(api, resource_type).inc()
-        key = (ctx.principal, api, resource_type, name)
-        now = time.monotonic()
-        seen = self._denial_logged.get(key)
-        if seen is None or now - seen[0] >= DENIAL_LOG_INTERVAL_S:
-            if len(self._denial_logged) >= DENIAL_LOG_KEYS:
-                self._denial_logged.clear()
+        fields = self._denials_logged.admit((ctx.principal, api, resource_type, name))
+        if fields is not None:
             log.warning("authorization failed", principal=ctx.principal, host=ctx.client_host,
-                        api=api, operation=operation, resource_type=resource_type, resource=name,
-                        listener=ctx.listener, suppressed=seen[1] if seen else 0)
-            self._denial_logged[key] = [now, 0]
-        else:
-            seen[1] += 1
+                        api=api, operation=operation, resource_type=resource_type,
+                        resource=name[:256], listener=ctx.listener, **fields)
         what = "the cluster" if resource_type == "CLUSTER" else f"{resource_type.lower()} {name!r}"
         return (f"Principal {ctx.principal} is not authorized to {operation} {what} ({api}); "
                 "an ACL must allow it")
@@ -440,13 +437,16 @@ class CoordinatorServer:
         self.auth_failure_delay_s = config["connection.failed.authentication.delay.ms"] / 1000
         self.auth_timeout_s = config["sasl.authentication.timeout.ms"] / 1000
         self.ssl_handshake_timeout_s = config["ssl.handshake.timeout.ms"] / 1000
-        self._auth_failures_logged: dict[str, list[float]] = {}
+        self._auth_failures_logged = LogLimiter(AUTH_FAILURE_LOG_INTERVAL_S,
+                                                LOG_LINES_PER_INTERVAL, DENIAL_LOG_KEYS)
+        self._closes_logged = LogLimiter(AUTH_FAILURE_LOG_INTERVAL_S, LOG_LINES_PER_INTERVAL,
+                                         DENIAL_LOG_KEYS)
         # PLAIN derives the password (PBKDF2) off the loop: on its own bounded pool, not the
         # default executor that runs every partition's fsync (issue 13 review).
         self.plain_executor = ThreadPoolExecutor(PLAIN_THREADS, thread_name_prefix="sasl-plain")
         self.plain_pending = 0
         self.plain_max_pending = PLAIN_MAX_PENDING
-        self._plain_refused_logged = (-AUTH_FAILURE_LOG_INTERVAL_S, 0)
+        self._plain_refused_logged = LogLimiter(AUTH_FAILURE_LOG_INTERVAL_S, 1)
         self.bound_listeners: dict[str, tuple[str, int]] = {}
         """Listener name -> bound (host, port), in the order of ``listeners``."""
         data_dir = Path(config["data.dir"])
@@ -521,31 +521,29 @@ class CoordinatorServer:
         """A PLAIN attempt refused because PLAIN_MAX_PENDING derivations are in progress:
         counted, and logged at most once per AUTH_FAILURE_LOG_INTERVAL_S."""
         self.metrics.sasl_plain_refused.inc()
-        last, suppressed = self._plain_refused_logged
-        now = time.monotonic()
-        if now - last < AUTH_FAILURE_LOG_INTERVAL_S:
-            self._plain_refused_logged = (last, suppressed + 1)
-            return
-        log.warning("PLAIN authentication throttled: too many password derivations in "
-                    "progress; closing unanswered", peer=peer, listener=listener,
-                    limit=self.plain_max_pending, suppressed=suppressed)
-        self._plain_refused_logged = (now, 0)
+        fields = self._plain_refused_logged.admit(None)
+        if fields is not None:
+            log.warning("PLAIN authentication throttled: too many password derivations in "
+                        "progress; closing unanswered", peer=peer, listener=listener,
+                        limit=self.plain_max_pending, **fields)
 
     def auth_failure_logged(self, peer: str, listener: str, mechanism: str, user: str | None,
                             reason: str, reauth: bool) -> None:
-        """A failed SASL authentication: one info line per peer host per 10 s (a client
-        retrying a wrong password does not flood the log; the metric counts every one)."""
-        now = time.monotonic()
-        seen = self._auth_failures_logged.get(peer)
-        if seen is not None and now - seen[0] < AUTH_FAILURE_LOG_INTERVAL_S:
-            seen[1] += 1
-            return
-        if len(self._auth_failures_logged) >= DENIAL_LOG_KEYS:
-            self._auth_failures_logged.clear()
-        log.info("authentication failed", peer=peer, listener=listener, mechanism=mechanism,
-                 user=user, reason=reason, reauthentication=reauth,
-                 suppressed=seen[1] if seen else 0)
-        self._auth_failures_logged[peer] = [now, 0]
+        """A failed SASL authentication: one info line per peer host per 10 s, 20 in all (a
+        client retrying a wrong password does not flood the log; the metric counts every one)."""
+        fields = self._auth_failures_logged.admit(peer)
+        if fields is not None:
+            log.info("authentication failed", peer=peer, listener=listener, mechanism=mechanism,
+                     user=user, reason=reason, reauthentication=reauth, **fields)
+
+    def closing_logged(self, peer: str, reason: str, level: str = "info", **details: Any) -> None:
+        """A connection closed for what its client sent (a bad frame, a malformed header or
+        request, a request before authentication) or refused (the connection limit): one info
+        line per peer host and reason per 10 s, 20 in all (a flood of garbage connections
+        does not flood the log)."""
+        fields = self._closes_logged.admit((peer, reason))
+        if fields is not None:
+            getattr(log, level)(f"closing connection: {reason}", peer=peer, **details, **fields)
 
     def heartbeat_error(self, req: Any, code: int, message: str) -> Any:
         return Router._hb_error(req, self.heartbeat_interval_ms)(code, message)

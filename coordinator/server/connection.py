@@ -243,7 +243,7 @@ class Connection(asyncio.Protocol):
         self._ctx = RequestContext(client_host=self.peer, principal=self.principal,
                                    listener=listener.name)
         if not self.server.register(self):
-            log.warning("connection limit reached: closing", peer=self.peer)
+            self.server.closing_logged(self.peer, "connection limit reached", level="warning")
             self.closed = True
             transport.abort()
 
@@ -288,7 +288,7 @@ class Connection(asyncio.Protocol):
         try:
             frames = decoder.feed(data)
         except FramingError as exc:
-            log.info("closing connection: bad frame", peer=self.peer, error=str(exc))
+            self.server.closing_logged(self.peer, "bad frame", error=str(exc))
             self.close()
             return
         server = self.server
@@ -411,7 +411,7 @@ class Connection(asyncio.Protocol):
         try:
             api_key, version, correlation_id = peek_request_api(frame)
         except MalformedHeader as exc:
-            log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
+            self.server.closing_logged(self.peer, "malformed header", error=str(exc))
             self.close()
             return
         sasl = self._sasl
@@ -443,7 +443,7 @@ class Connection(asyncio.Protocol):
         try:
             client_id, offset = request_client_id(frame, flexible_header)
         except MalformedHeader as exc:
-            log.info("closing connection: malformed header", peer=self.peer, error=str(exc))
+            self.server.closing_logged(self.peer, "malformed header", error=str(exc))
             self.close()
             return
         # self._slot(), inlined (the per-request path).
@@ -463,8 +463,8 @@ class Connection(asyncio.Protocol):
         except codec.DecodeError as exc:
             response = self.server.router.malformed(api_key, version, str(exc))
             if response is None:  # a Kafka API: Kafka closes the connection too
-                log.info("closing connection: malformed request", peer=self.peer, api=api.name,
-                         error=str(exc))
+                self.server.closing_logged(self.peer, "malformed request", api=api.name,
+                                           error=str(exc))
                 self._forget(slot)
                 self.close()
                 return
@@ -659,8 +659,8 @@ class Connection(asyncio.Protocol):
                 self._sasl_handshake(sasl, version, correlation_id, frame, started, reauth=False)
                 return True
             name = APIS[api_key].name if api_key in APIS else f"API {api_key}"
-            log.info("closing connection: request before SASL authentication", peer=self.peer,
-                     listener=self.listener.name, api=name)
+            self.server.closing_logged(self.peer, "request before SASL authentication",
+                                       listener=self.listener.name, api=name)
             self._count_auth("", False, False)
             self.close()
             return True
@@ -723,7 +723,7 @@ class Connection(asyncio.Protocol):
             offset = request_client_id(frame, flexible)[1]
             request = codec.decode(request_class, frame, offset)[0]
         except (MalformedHeader, codec.DecodeError) as exc:
-            log.info("closing connection: malformed SaslHandshake", peer=self.peer, error=str(exc))
+            self.server.closing_logged(self.peer, "malformed SaslHandshake", error=str(exc))
             self._count_auth("", False, reauth)
             self.close()
             return
@@ -756,8 +756,8 @@ class Connection(asyncio.Protocol):
                            started: float) -> None:
         route = _route(_SASL_AUTHENTICATE, version)
         if route is None:
-            log.info("closing connection: unsupported SaslAuthenticate version", peer=self.peer,
-                     version=version)
+            self.server.closing_logged(self.peer, "unsupported SaslAuthenticate version",
+                                       version=version)
             self._count_auth(sasl.mechanism, False, sasl.reauth)
             self.close()
             return
@@ -766,8 +766,7 @@ class Connection(asyncio.Protocol):
             offset = request_client_id(frame, flexible)[1]
             request = codec.decode(request_class, frame, offset)[0]
         except (MalformedHeader, codec.DecodeError) as exc:
-            log.info("closing connection: malformed SaslAuthenticate", peer=self.peer,
-                     error=str(exc))
+            self.server.closing_logged(self.peer, "malformed SaslAuthenticate", error=str(exc))
             self._count_auth(sasl.mechanism, False, sasl.reauth)
             self.close()
             return
