@@ -113,6 +113,9 @@ class AdminClient:
         wait = _wait_bound(timeout_s, deadline, where)
         try:
             sock = socket.create_connection(self.address, timeout=wait)
+        except TimeoutError:
+            raise CannotConnect(f"cannot connect to {where}: no connection within "
+                                f"{wait:.2g}s") from None
         except OSError as exc:
             raise CannotConnect(f"cannot connect to {where}: {exc}") from None
         if security is not None and security.uses_tls:
@@ -214,8 +217,8 @@ class AdminClient:
             key, request_header = api.key, api.request_header_version(version)
             response_cls, response_header = (api.response_class(version),
                                              api.response_header_version(version))
-        self.sock.settimeout(_wait_bound(self.timeout_s, self.deadline,
-                                         format_addresses([self.address])))
+        wait = _wait_bound(self.timeout_s, self.deadline, format_addresses([self.address]))
+        self.sock.settimeout(wait)
         correlation_id = next(self._ids)
         frame = encode_request_frame(
             key, version, correlation_id, self.client_id, codec.encode(request),
@@ -237,6 +240,9 @@ class AdminClient:
                 refused = self._tls_refusal()
             if refused is not None:  # (TLS 1.3: the server refusing our certificate shows here)
                 raise refused from None
+            if isinstance(exc, TimeoutError):
+                raise AdminError(f"request to {self.address[0]}:{self.address[1]} failed: no "
+                                 f"answer within {wait:.2g}s") from None
             raise AdminError(f"request to {self.address[0]}:{self.address[1]} failed: {exc}"
                              f"{self._mismatch_hint() if isinstance(exc, ConnectionError) else ''}"
                              ) from None
@@ -332,31 +338,42 @@ class AdminSession:
             client.close()
         self._clients.clear()
 
-    def _client(self, address: Address) -> AdminClient:
+    def _client(self, address: Address, deadline: float | None) -> AdminClient:
         client = self._clients.get(address)
         if client is None:
-            client = self.connect(address)
+            client = self.connect(address, deadline)
             self._clients[address] = client
+        client.deadline = deadline
         return client
 
-    def connect(self, address: Address) -> AdminClient:
-        """A new connection to ``address`` with the session's security (not cached). An
-        authentication the server interrupted (busy) is tried again, backing off as
-        :meth:`group_call` does, until the session's deadline or ``timeout_s``."""
-        deadline = self._deadline()
+    def connect(self, address: Address, deadline: float | None = None) -> AdminClient:
+        """A new connection to ``address`` with the session's security (not cached), bound by
+        ``deadline`` (default: the session's). An authentication the server interrupted (busy)
+        is tried again, backing off as :meth:`group_call` does, until that deadline or
+        ``timeout_s``."""
+        bound = self.deadline if deadline is None else deadline
+        retry_until = self._deadline() if bound is None else min(self._deadline(), bound)
         failures = 0
         while True:
             try:
                 return AdminClient(*address, timeout_s=self.timeout_s, client_id=self.client_id,
                                    security=self.security, ssl_context=self.ssl_context,
-                                   deadline=self.deadline)
+                                   deadline=bound)
             except AuthenticationInterrupted:
                 failures += 1
                 pause = random.uniform(self.backoff_s / 2, min(
                     self.max_backoff_s, self.backoff_s * 2 ** min(failures, 16)))
-                if time.monotonic() + pause > deadline:
+                if time.monotonic() + pause > retry_until:
                     raise
                 self.sleep(pause)
+
+    def _share(self, ways: int) -> float | None:
+        """The deadline for one of ``ways`` addresses still to try in turn: an equal share of
+        what is left of the session's (a frozen first address leaves time for the others)."""
+        if self.deadline is None:
+            return None
+        now = time.monotonic()
+        return now + max(0.0, self.deadline - now) / ways
 
     def _deadline(self) -> float:
         """When retrying stops: ``timeout_s`` from now, or the session's deadline if sooner."""
@@ -368,9 +385,9 @@ class AdminSession:
         if client is not None:
             client.close()
 
-    def _call_at(self, address: Address, request: Any) -> Any:
+    def _call_at(self, address: Address, request: Any, ways: int = 1) -> Any:
         try:
-            return self._client(address).call(request)
+            return self._client(address, self._share(ways)).call(request)
         except AdminError:
             self._drop(address)  # the connection is unusable (its request order is lost)
             raise
@@ -379,9 +396,9 @@ class AdminSession:
         """Send ``request`` to the first bootstrap address that answers it, in the order given;
         an AdminError naming every address (and what each did) if none does."""
         failures = []
-        for address in self.bootstrap:
+        for i, address in enumerate(self.bootstrap):
             try:
-                return address, self._call_at(address, request)
+                return address, self._call_at(address, request, len(self.bootstrap) - i)
             except AdminError as exc:
                 failures.append(str(exc))
         raise AdminError(f"no coordinator answered at {format_addresses(self.bootstrap)}: "
@@ -396,9 +413,9 @@ class AdminSession:
         request = FindCoordinatorRequest(key_type=0, coordinator_keys=(group_id,))
         failures: list[str] = []
         refused: CoordinatorError | None = None
-        for address in self.bootstrap:
+        for i, address in enumerate(self.bootstrap):
             try:
-                resp = self._call_at(address, request)
+                resp = self._call_at(address, request, len(self.bootstrap) - i)
             except AdminError as exc:
                 failures.append(str(exc))
                 continue

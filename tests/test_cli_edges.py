@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -210,21 +211,22 @@ def pool(tmp_path: Path) -> Iterator[DaemonPool]:
 def test_timeout_bounds_the_whole_command_not_each_address(pool: DaemonPool, tmp_path: Path) -> None:
     """``--timeout`` is one deadline for the command: discovery, every connection and request.
     It bounded each connect and read, so a bootstrap list of frozen nodes took the timeout once
-    per node (2.2-2.9 s for ``--timeout 1`` against a frozen owner): now the first frozen node
-    spends it and the next is not asked, which the message says."""
-    frozen = [pool.start(tmp_path / f"d{i}") for i in range(2)]
+    per node (2.2-2.9 s for ``--timeout 1`` against a frozen owner). Now the addresses tried in
+    turn share what is left of it (a frozen first one leaves time for the next), and the
+    message names how long each was waited for: together, within the timeout."""
+    frozen = [pool.start(tmp_path / f"d{i}") for i in range(3)]
     for d in frozen:
         d.proc.send_signal(signal.SIGSTOP)
     try:
-        r = coordinator("groups", "describe", "g", "--timeout", "1",
+        r = coordinator("groups", "describe", "g", "--timeout", "1.5",
                         "--bootstrap", ",".join(d.bootstrap for d in frozen))
     finally:
         for d in frozen:
             d.proc.send_signal(signal.SIGCONT)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r
-    first, second = (d.bootstrap for d in frozen)
-    assert f"{first} failed: timed out" in r.stderr, r.stderr
-    assert f"{second}: not asked, the timeout was spent" in r.stderr, r.stderr
+    waits = [float(w) for w in re.findall(r"no answer within ([0-9.]+)s", r.stderr)]
+    assert len(waits) == 3 and all(d.bootstrap in r.stderr for d in frozen), r.stderr
+    assert sum(waits) <= 1.5 + 0.01, waits  # (each rounded to 2 digits)
 
 
 @pytest.mark.parametrize("command", [
