@@ -242,6 +242,14 @@ SETTINGS: tuple[Setting, ...] = (
             "Lower bound of the heartbeat interval.", _positive),
     Setting("group.connect.max.heartbeat.interval.ms", int, _G.max_heartbeat_interval_ms,
             "Upper bound of the heartbeat interval.", _positive),
+    Setting("group.connect.max.rebalance.timeout.ms", int, _G.max_rebalance_timeout_ms,
+            "Largest RebalanceTimeoutMs a member may declare (INVALID_REQUEST beyond): bounds "
+            "how long a revocation is waited for and a fenced member's items are held.",
+            _positive),
+    Setting("group.connect.max.assignment.timeout.ms", int, _G.max_assignment_timeout_ms,
+            "Longest a chosen member may take to compute a target assignment (its rebalance "
+            "timeout, at most this); then another member is chosen and it is not chosen again "
+            "while it stays in the group.", _positive),
     Setting("group.connect.max.size", int, _G.max_size,
             "Maximum members per group; a member joining beyond it gets GROUP_MAX_SIZE_REACHED "
             "(Kafka's error; finite here: every member costs memory while it stays, "
@@ -445,6 +453,8 @@ class ServerConfig:
             min_heartbeat_interval_ms=self["group.connect.min.heartbeat.interval.ms"],
             max_heartbeat_interval_ms=self["group.connect.max.heartbeat.interval.ms"],
             max_size=self["group.connect.max.size"],
+            max_rebalance_timeout_ms=self["group.connect.max.rebalance.timeout.ms"],
+            max_assignment_timeout_ms=self["group.connect.max.assignment.timeout.ms"],
             max_tasks=self["group.connect.max.tasks"],
             empty_group_retention_ms=self["group.connect.empty.group.retention.ms"],
             max_groups=self["group.max.groups"],

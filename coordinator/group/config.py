@@ -9,6 +9,8 @@ SESSION_TIMEOUT = "group.connect.session.timeout.ms"
 HEARTBEAT_INTERVAL = "group.connect.heartbeat.interval.ms"
 GROUP_OVERRIDES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
 MAX_TASKS = "group.connect.max.tasks"
+MAX_REBALANCE_TIMEOUT = "group.connect.max.rebalance.timeout.ms"
+MAX_ASSIGNMENT_TIMEOUT = "group.connect.max.assignment.timeout.ms"
 MAX_GROUPS = "group.max.groups"
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
 """The partition log's batch limit (``coordinator.runtime.log.DEFAULT_MAX_BATCH_BYTES``, which a
@@ -43,6 +45,14 @@ class GroupCoordinatorConfig:
     """A group with no members and no connectors is deleted after this long."""
     assignment_timeout_floor_ms: int = 1_000
     """The least time a chosen worker gets to compute an assignment."""
+    max_rebalance_timeout_ms: int = 300_000
+    """``group.connect.max.rebalance.timeout.ms``: the largest RebalanceTimeoutMs a member may
+    declare (a larger one gets INVALID_REQUEST). It bounds how long a member's revocation is
+    waited for and how long its items are held after it is fenced."""
+    max_assignment_timeout_ms: int = 30_000
+    """``group.connect.max.assignment.timeout.ms``: the longest a chosen member may take to
+    compute a target assignment (its rebalance timeout, at most this); then it is not chosen
+    again while it stays in the group, and another member is."""
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     """The log's batch limit: AlterConnectors refuses a group whose connectors record plus one
     assignment of all its items would not fit one batch (every later write of the group's
@@ -74,6 +84,11 @@ class GroupCoordinatorConfig:
                 f"{HEARTBEAT_INTERVAL}={self.heartbeat_interval_ms} must be smaller than "
                 f"{SESSION_TIMEOUT}={self.session_timeout_ms}"
             )
+        if self.max_rebalance_timeout_ms < 1:
+            raise ConfigError(f"{MAX_REBALANCE_TIMEOUT} must be >= 1")
+        if self.max_assignment_timeout_ms < self.assignment_timeout_floor_ms:
+            raise ConfigError(f"{MAX_ASSIGNMENT_TIMEOUT} must be >= "
+                              f"{self.assignment_timeout_floor_ms}")
         if self.max_size < 1:
             raise ConfigError("group.connect.max.size must be >= 1")
         bounded(MAX_TASKS, self.max_tasks, 1, MAX_TASKS_CEILING)

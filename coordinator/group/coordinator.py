@@ -72,7 +72,7 @@ from connect_wire.records import (
 from coordinator.security import ANONYMOUS
 
 from . import records as rec
-from .config import GroupCoordinatorConfig
+from .config import MAX_REBALANCE_TIMEOUT, GroupCoordinatorConfig
 from .model import (
     CONNECTOR,
     EMPTY,
@@ -284,6 +284,15 @@ def _ranges_overlap(a: AssignorSpec, b: AssignorSpec) -> bool:
     return a.minimum_version <= b.maximum_version and b.minimum_version <= a.maximum_version
 
 
+def _without(values: Any, value: int | None, first: bool) -> int:
+    """The smallest (``first``) or largest of a sorted list with one occurrence of ``value``
+    (None: nothing) taken out; the list holds at least one more value."""
+    end = 0 if first else -1
+    if value is None or values[end] != value:
+        return values[end]
+    return values[1 if first else -2]
+
+
 def select_assignor(members: Iterable[MemberMetadata]) -> str | None:
     """The client-side assignor every member supports, honouring the members' precedence.
 
@@ -364,6 +373,9 @@ class GroupCoordinator:
         ctx: RequestContext = RequestContext(),
     ) -> Result:
         problem = validate_heartbeat(req)
+        if problem is None and req.rebalance_timeout_ms > self.config.max_rebalance_timeout_ms:
+            problem = (f"RebalanceTimeoutMs {req.rebalance_timeout_ms} is larger than "
+                       f"{MAX_REBALANCE_TIMEOUT}={self.config.max_rebalance_timeout_ms}.")
         if problem:
             return Result(self._hb_error(E.INVALID_REQUEST, problem, req))
         return self._run(lambda txn: self._heartbeat(txn, req, now_ms, ctx),
@@ -841,19 +853,39 @@ class GroupCoordinator:
 
     def _check_assignors(self, g: Group, member_id: str, assignors: tuple[AssignorSpec, ...]) -> None:
         """UNSUPPORTED_ASSIGNOR unless the group can still select an assignor and every pair of
-        members' version ranges of it overlap."""
-        others = [m for mid, m in g.members.items() if mid != member_id]
+        members' version ranges of it overlap. O(the member's assignors), from the group's
+        assignor index (the members' ranges always overlap pairwise, so the new range overlaps
+        them all exactly when it reaches the lowest maximum and the highest minimum)."""
+        index = g.assignors
+        me = g.members.get(member_id)
+        others = len(g.members) - (me is not None)
         if not others:
             return
-        probe = MemberMetadata(member_id, None, None, "", "", 1, assignors)
-        name = select_assignor([*others, probe])
-        if name is None:
+        mine_before = {a.name: a for a in me.assignors} if me is not None else {}
+
+        def others_count(name: str) -> int:
+            return index.count.get(name, 0) - (name in mine_before)
+
+        common = [a for a in assignors if others_count(a.name) == others]
+        if not common:
             raise _Reject(E.UNSUPPORTED_ASSIGNOR, "None of the member's ClientAssignors is "
                           f"supported by every member of group {g.group_id}.")
-        mine = next(a for a in assignors if a.name == name)
-        for m in others:
+        position = {a.name: p for p, a in enumerate(assignors)}
+        before = {name: p for p, name in enumerate(mine_before)}
+
+        def rank(a: AssignorSpec) -> tuple[int, str]:
+            return (index.rank[a.name] - before.get(a.name, 0) + position[a.name], a.name)
+
+        mine = min(common, key=rank)
+        name = mine.name
+        old = mine_before.get(name)
+        low_max = _without(index.maxs[name], old.maximum_version if old else None, first=True)
+        high_min = _without(index.mins[name], old.minimum_version if old else None, first=False)
+        if mine.minimum_version <= low_max and high_min <= mine.maximum_version:
+            return
+        for m in g.members.values():  # (only to name one: the request is refused anyway)
             theirs = next(a for a in m.assignors if a.name == name)
-            if not _ranges_overlap(mine, theirs):
+            if m.member_id != member_id and not _ranges_overlap(mine, theirs):
                 raise _Reject(
                     E.UNSUPPORTED_ASSIGNOR,
                     f"Assignor {name} version range [{mine.minimum_version}, "
@@ -891,6 +923,7 @@ class GroupCoordinator:
                     )
                 self._check_assignors(g, holder, assignors)
                 self._replace_static(txn, g, holder, member_id, req, ctx, assignors, now_ms)
+                self._note_principal(g, member_id, ctx)
                 return g, member_id, True
         existing = g.members.get(member_id) if g is not None else None
         if existing is None:
@@ -923,8 +956,10 @@ class GroupCoordinator:
                         client_host=ctx.client_host, reports_running=len(owned))
             self._bump(txn, g, now_ms, "member_joined", member_id)
             g.soft.empty_since_ms = None
+            self._note_principal(g, member_id, ctx)
             return g, member_id, True
         assert g is not None
+        self._note_principal(g, member_id, ctx)
         # A known member rejoins with epoch 0 (KAFKA-19233: always allowed). It keeps its target;
         # what it still holds is what it reports owning (a static member returning from -2
         # takes back everything it held).
@@ -939,6 +974,21 @@ class GroupCoordinator:
             self._event(txn, g, "member rejoined", member_id, previous_member_epoch=cur.epoch,
                         kept=len(keep), reports_running=len(owned))
         return g, member_id, True
+
+    @staticmethod
+    def _note_principal(g: Group, member_id: str, ctx: RequestContext) -> None:
+        """Remember who the member authenticated as (soft: a barred principal's new members are
+        not chosen to compute; see _on_compute_expired)."""
+        soft = g.soft
+        principal = ctx.principal
+        if principal == ANONYMOUS:
+            soft.principals.pop(member_id, None)
+            return
+        if soft.principals.get(member_id) != principal:
+            soft.principals[member_id] = principal
+        if principal in soft.barred_principals and member_id not in soft.barred_assigners:
+            soft.barred_assigners.add(member_id)
+            soft.selection_epoch = -1
 
     @staticmethod
     def _joining_assignment(
@@ -1065,10 +1115,15 @@ class GroupCoordinator:
             if waiter is not None:
                 txn.wake.add((g.group_id, waiter))
 
+    def _rebalance_timeout(self, m: MemberMetadata) -> int:
+        """The member's rebalance timeout, within ``group.connect.max.rebalance.timeout.ms``
+        (a member recorded before that limit was lowered gets no more than it allows)."""
+        return min(m.rebalance_timeout_ms, self.config.max_rebalance_timeout_ms)
+
     def _arm_rebalance_timer(
         self, txn: _Txn, g: Group, member_id: str, epoch: int, now_ms: int
     ) -> None:
-        deadline = now_ms + g.members[member_id].rebalance_timeout_ms
+        deadline = now_ms + self._rebalance_timeout(g.members[member_id])
         g.soft.rebalance_deadline[member_id] = (epoch, deadline)
         txn.timer(REBALANCE, g.group_id, member_id, deadline)
 
@@ -1150,7 +1205,7 @@ class GroupCoordinator:
         if cur is None or m is None or not cur.owned or cur.epoch == -2:
             return None
         learns_by = max(now_ms, g.soft.session_deadline.get(member_id, now_ms))
-        return learns_by + max(100, m.rebalance_timeout_ms // 2)
+        return learns_by + max(100, self._rebalance_timeout(m) // 2)
 
     def _arm_hold(self, txn: _Txn, g: Group, member_id: str, until: int) -> None:
         g.soft.hold_deadline[member_id] = until
@@ -1178,6 +1233,8 @@ class GroupCoordinator:
         soft.reported_owned.pop(member_id, None)
         soft.instance_states.pop(member_id, None)
         soft.dirty.discard(member_id)
+        soft.barred_assigners.discard(member_id)
+        soft.principals.pop(member_id, None)
         txn.timer(SESSION, g.group_id, member_id, None)
         txn.timer(REBALANCE, g.group_id, member_id, None)
 
@@ -1207,15 +1264,19 @@ class GroupCoordinator:
             g.soft.empty_since_ms = now_ms
 
     # == assignment computation =====================================================================
-    def _selection(self, g: Group) -> tuple[str | None, tuple[str, ...]]:
+    def _selection(self, g: Group) -> tuple[str | None, dict[str, None]]:
+        """The group's assignor and the members eligible to compute with it (their version
+        range covers every member's): cached per group epoch, read from the group's assignor
+        index in O(one member's assignors)."""
         soft = g.soft
         if soft.selection_epoch != g.epoch:
-            members = list(g.members.values())
-            name = select_assignor(members)
+            index = g.assignors
+            name = index.select(len(g.members), next(iter(g.members.values()), None))
             soft.selected_assignor = name
-            soft.eligible = tuple(eligible_assigners(members, name)) if name else ()
+            barred = [g.members[mid] for mid in soft.barred_assigners if mid in g.members]
+            soft.eligible = index.eligible(name, barred) if name else {}
             soft.selection_epoch = g.epoch
-            if not members:
+            if not g.members:
                 soft.assigner_error = None
             elif name is None:
                 soft.assigner_error = "no client-side assignor is supported by every member"
@@ -1261,6 +1322,13 @@ class GroupCoordinator:
 
     def _choose_assigner(self, txn: _Txn, g: Group, now_ms: int, exclude: str | None) -> None:
         _, eligible = self._selection(g)
+        if not eligible and g.soft.barred_assigners:
+            # Every member able to compute failed to in time: give them all another chance
+            # (a group must not stay without an assigner; each try is bounded).
+            g.soft.barred_assigners.clear()
+            g.soft.barred_principals.clear()
+            g.soft.selection_epoch = -1
+            _, eligible = self._selection(g)
         candidates = [
             m for m in eligible
             if m != exclude and g.current.get(m, NEW_MEMBER_ASSIGNMENT).epoch != -2
@@ -1271,7 +1339,7 @@ class GroupCoordinator:
             g.soft.computation = None
             return
         last = g.soft.last_assigner
-        chosen = last if last in candidates else candidates[0]
+        chosen = last if last in candidates else min(candidates)
         g.soft.computation = Computation(member_id=chosen, chosen_at_ms=now_ms)
         g.soft.last_assigner = chosen
         txn.wake.add((g.group_id, chosen))
@@ -1279,9 +1347,11 @@ class GroupCoordinator:
                     eligible=len(eligible), previous_assigner=exclude)
 
     def _notify_assigner(self, txn: _Txn, g: Group, comp: Computation, now_ms: int) -> None:
-        """The chosen member is told: its rebalance timeout starts now."""
-        timeout = max(g.members[comp.member_id].rebalance_timeout_ms,
-                      self.config.assignment_timeout_floor_ms)
+        """The chosen member is told: its rebalance timeout starts now, at most
+        ``group.connect.max.assignment.timeout.ms``."""
+        config = self.config
+        timeout = min(max(g.members[comp.member_id].rebalance_timeout_ms,
+                          config.assignment_timeout_floor_ms), config.max_assignment_timeout_ms)
         comp.notified = True
         comp.deadline_ms = now_ms + timeout
         txn.timer(COMPUTE, g.group_id, "", comp.deadline_ms)
@@ -1512,6 +1582,22 @@ class GroupCoordinator:
         self._event(txn, g, "assignment computation timed out", comp.member_id,
                     assignor=g.soft.selected_assignor, prepared=comp.prepared_epoch is not None,
                     waited_ms=now_ms - comp.chosen_at_ms)
+        # A member that did not compute in time is not chosen again while it stays in the
+        # group, and its version range no longer decides who is eligible: a member declaring
+        # the widest range (the only one covering everybody's) cannot hold every rebalance of
+        # the group by never computing. (Should every eligible member fail, the last one is
+        # tried again: see _choose_assigner.)
+        soft = g.soft
+        if comp.member_id in g.members:
+            soft.barred_assigners.add(comp.member_id)
+            # Its principal's other and later members too (an authenticated principal: one
+            # that rejoins under a new member id is not chosen again either).
+            principal = soft.principals.get(comp.member_id, ANONYMOUS)
+            if principal != ANONYMOUS:
+                soft.barred_principals.add(principal)
+                soft.barred_assigners.update(
+                    mid for mid, p in soft.principals.items() if p == principal)
+            soft.selection_epoch = -1
         self._choose_assigner(txn, g, now_ms, exclude=comp.member_id)
 
     def _on_scheduled(self, txn: _Txn, g: Group, now_ms: int) -> None:

@@ -102,6 +102,16 @@ def _group_problems(g: Group) -> list[str]:
         out.append(f"state {g.state.value} != {expected.value}")
     if not g.members and g.has_target_metadata and g.assignment_epoch != g.epoch:
         out.append(f"empty group with assignment epoch {g.assignment_epoch} != {g.epoch}")
+    # 7. The assignor index chooses what a scan of the members chooses.
+    from .coordinator import eligible_assigners, select_assignor
+
+    members = list(g.members.values())
+    name = select_assignor(members)
+    indexed = g.assignors.select(len(members), members[0] if members else None)
+    if indexed != name:
+        out.append(f"assignor index selects {indexed!r}, the members {name!r}")
+    elif name is not None and sorted(g.assignors.eligible(name)) != eligible_assigners(members, name):
+        out.append(f"assignor index's eligible members differ from the members' for {name}")
     return out
 
 

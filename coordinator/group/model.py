@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sortedcontainers import SortedList
+
 from connect_wire.items import (  # noqa: F401 - re-exported: the model's vocabulary
     CONNECTOR,
     EMPTY,
@@ -148,6 +150,104 @@ class Computation:
     prepared_at_ms: int | None = None  # when it last prepared for a new epoch
 
 
+class AssignorIndex:
+    """The members' client assignors, aggregated per assignor name (a derived index, kept by
+    replay as member records come and go), so that choosing the group's assignor and its
+    eligible computing members costs O(assignors of one member), never O(members): a join, a
+    leave or an epoch bump no longer rescans the group.
+
+    Per name: how many members list it, the sum of its positions in their lists (the
+    precedence rule of :func:`coordinator.group.coordinator.select_assignor`), their minimum and
+    maximum versions (sorted), and the members by exact version range (the eligible members
+    are exactly those whose range is [lowest minimum, highest maximum])."""
+
+    __slots__ = ("count", "rank", "mins", "maxs", "by_range")
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+        self.rank: dict[str, int] = {}
+        self.mins: dict[str, SortedList] = {}
+        self.maxs: dict[str, SortedList] = {}
+        self.by_range: dict[str, dict[tuple[int, int], dict[str, None]]] = {}
+
+    def add(self, m: MemberMetadata) -> None:
+        for position, a in enumerate(m.assignors):
+            name = a.name
+            if name in self.count:
+                self.count[name] += 1
+                self.rank[name] += position
+                self.mins[name].add(a.minimum_version)
+                self.maxs[name].add(a.maximum_version)
+            else:
+                self.count[name] = 1
+                self.rank[name] = position
+                self.mins[name] = SortedList((a.minimum_version,))
+                self.maxs[name] = SortedList((a.maximum_version,))
+                self.by_range[name] = {}
+            self.by_range[name].setdefault(
+                (a.minimum_version, a.maximum_version), {})[m.member_id] = None
+
+    def remove(self, m: MemberMetadata) -> None:
+        for position, a in enumerate(m.assignors):
+            name = a.name
+            if self.count[name] == 1:
+                del self.count[name], self.rank[name], self.mins[name], self.maxs[name]
+                del self.by_range[name]
+                continue
+            self.count[name] -= 1
+            self.rank[name] -= position
+            self.mins[name].remove(a.minimum_version)
+            self.maxs[name].remove(a.maximum_version)
+            key = (a.minimum_version, a.maximum_version)
+            ranged = self.by_range[name][key]
+            del ranged[m.member_id]
+            if not ranged:
+                del self.by_range[name][key]
+
+    def select(self, members: int, some: MemberMetadata | None) -> str | None:
+        """The assignor every one of ``members`` members lists, by precedence (``some``: any
+        one of them: a common name is one of its names)."""
+        if some is None:
+            return None
+        count, rank = self.count, self.rank
+        common = [a.name for a in some.assignors if count.get(a.name) == members]
+        return min(common, key=lambda name: (rank[name], name)) if common else None
+
+    def eligible(self, name: str, barred: Iterable[MemberMetadata] = ()) -> dict[str, None]:
+        """The members whose version range of ``name`` covers every member's range, leaving
+        the ``barred`` members (and their ranges) out: O(barred)."""
+        mins, maxs = self.mins.get(name), self.maxs.get(name)
+        if not mins or not maxs:
+            return {}
+        skip_min: dict[int, int] = {}
+        skip_max: dict[int, int] = {}
+        out: set[str] = set()
+        for m in barred:
+            a = next((a for a in m.assignors if a.name == name), None)
+            if a is not None:
+                skip_min[a.minimum_version] = skip_min.get(a.minimum_version, 0) + 1
+                skip_max[a.maximum_version] = skip_max.get(a.maximum_version, 0) + 1
+                out.add(m.member_id)
+        low = _first_kept(mins, skip_min, reverse=False)
+        high = _first_kept(maxs, skip_max, reverse=True)
+        if low is None or high is None:
+            return {}
+        ranged = self.by_range[name].get((low, high), {})
+        return {mid: None for mid in ranged if mid not in out} if out else ranged
+
+
+def _first_kept(values: SortedList, skip: dict[int, int], reverse: bool) -> int | None:
+    """The first of ``values`` (the last with ``reverse``) once ``skip[v]`` occurrences of each
+    ``v`` are left out."""
+    left = dict(skip)
+    for v in (reversed(values) if reverse else values):
+        if left.get(v, 0) > 0:
+            left[v] -= 1
+            continue
+        return v
+    return None
+
+
 @dataclass
 class SoftState:
     """Per-group state that is not in the log: deadlines, caches, the computation in flight."""
@@ -162,7 +262,12 @@ class SoftState:
     assigner_error: str | None = None  # e.g. NO_ASSIGNOR_COVERS_GROUP explanation
     selection_epoch: int = -1  # group epoch the cached selection below was computed for
     selected_assignor: str | None = None
-    eligible: tuple[str, ...] = ()
+    eligible: dict[str, None] = field(default_factory=dict)  # members able to compute
+    barred_assigners: set[str] = field(default_factory=set)  # did not compute in time: not
+    # chosen again while they stay members, their version ranges left out of eligibility
+    barred_principals: set[str] = field(default_factory=set)  # principals of such members
+    principals: dict[str, str] = field(default_factory=dict)  # member -> authenticated
+    # principal (ANONYMOUS ones not kept)
     dirty: set[str] = field(default_factory=set)  # members whose assignment has stale items
     empty_since_ms: int | None = None
     hold_deadline: dict[str, int] = field(default_factory=dict)  # fenced member -> release at
@@ -201,6 +306,7 @@ class Group:
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     unreconciled: set[str] = field(default_factory=set)
     configured: set[Item] = field(default_factory=set)
+    assignors: AssignorIndex = field(default_factory=AssignorIndex)
     # -- soft state -----------------------------------------------------------------------------
     soft: SoftState = field(default_factory=SoftState)
 

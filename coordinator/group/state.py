@@ -136,7 +136,8 @@ class CoordinatorState:
         g = self._group(group_id)
         g.epoch = epoch
         g.has_metadata = True
-        self._refresh_reconciled_all(g)
+        # (whether a member is reconciled depends on the assignment epoch, not on this one: a
+        # bump touches no member, so a join costs O(1), not O(members))
 
     def apply_connectors(
         self, group_id: str, epoch: int, connectors: dict[str, ConnectorSpec] | None
@@ -182,14 +183,16 @@ class CoordinatorState:
         # new member id) and a rollback replays member records too: drop the cache.
         g.soft.selection_epoch = -1
         old = g.members.get(member_id)
-        if old is not None and old.instance_id is not None:
-            if g.static_members.get(old.instance_id) == member_id:
+        if old is not None:
+            g.assignors.remove(old)
+            if old.instance_id is not None and g.static_members.get(old.instance_id) == member_id:
                 del g.static_members[old.instance_id]
         if m is None:
             g.members.pop(member_id, None)
             g.unreconciled.discard(member_id)
             return
         g.members[member_id] = m
+        g.assignors.add(m)
         if m.instance_id is not None:
             g.static_members[m.instance_id] = member_id
         self._refresh_reconciled(g, member_id)
