@@ -178,6 +178,7 @@ class EtcdShard(Shard):
         message = f"this node no longer owns partition {self.partition}"
         while not self.queue.empty():
             self._fail_event(self.queue.get_nowait(), ErrorCode.NOT_COORDINATOR, message)
+        self._fail_lane(ErrorCode.NOT_COORDINATOR, message)
         for key in list(self._parked):
             self._release_parked(key)  # answered NOT_COORDINATOR (serving() or UNOWNED below)
         self._cancel_timers()

@@ -14,6 +14,18 @@ Theory of operation
   wakes parked heartbeats. A failed append or fsync rolls the state back (in reverse order) and
   the affected requests get COORDINATOR_NOT_AVAILABLE; nothing was acknowledged.
 * **Reads see committed state only.** A read event first commits whatever is pending.
+* **Joins and timer expiries take their own lane.** A join (MemberEpoch 0 from a member not
+  in the group) and a timer's expiry wait in a separate queue; one marker event in the main
+  queue stands for it, and each time the consumer reaches the marker it handles at most
+  ``LANE_SLICE`` of them, then puts the marker back at the end of the queue (after
+  committing). So a flood of joins, and the flood of session expiries that follows when those
+  members go silent, never holds up the heartbeats, leaves and assignment calls of the members
+  already in a group: each waits at most for what was queued before it plus one slice of the
+  lane, never for thousands of joins (its session must not run out because others are
+  joining). A delayed expiry only happens later: each re-checks its deadline, so a member
+  whose heartbeat got through first is not expired (the coordinator's own slowness does not
+  cost it its session). A member's own requests keep their order (a member waits for its
+  join's answer before it sends anything else).
 * **Long-polled heartbeats.** A heartbeat whose answer would tell the member nothing new
   (no error, same epoch, no assignment, nothing to compute) and that asked for ``MaxWaitMs`` is
   parked. Whenever a committed result names the member in its ``wake`` set, the shard
@@ -33,6 +45,7 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import Callable
@@ -77,6 +90,9 @@ LOAD_CONTENT_ERRORS = (BehindRecoveryPoint, ReplayError, serde.CorruptRecord)
 """What a load raises because of what the log holds (not an I/O error): the partition is failed,
 the corruption counted, and nothing is served rolled back; retrying cannot help."""
 MAX_DRAIN = 512
+LANE_SLICE = 256
+"""Joins and timer expiries handled per turn of the lane (see "Joins and timer expiries take
+their own lane")."""
 TIMER_RETRY_MS = 500
 
 
@@ -95,7 +111,7 @@ class ShardUnavailable(Exception):
 
 @dataclass
 class _Event:
-    kind: str  # "write" | "read"
+    kind: str  # "write" | "read" | "roll" | "lane" (the lane's marker)
     fn: Callable[..., Any]
     future: asyncio.Future[Any] | None
     error: Callable[[int, str], Any] | None = None
@@ -174,6 +190,11 @@ class Shard:
         self._busy = False
         """The consumer is handling a batch: results may be applied but not yet committed."""
         self._parked: dict[tuple[str, str], _Parked] = {}
+        self._lane: collections.deque[_Event] = collections.deque()
+        """Joins (heartbeats with MemberEpoch 0) and timer expiries, waiting for the marker's
+        turn."""
+        self._lane_marked = False
+        """The lane's marker event is in the main queue."""
         self._consumer: asyncio.Task[None] | None = None
         self._compactor: asyncio.Task[None] | None = None
         self._last_sync_ms = 0
@@ -268,6 +289,7 @@ class Shard:
         await done
         if self._consumer is not None:
             self._consumer.cancel()
+        self._fail_lane(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is shutting down")
         for key in list(self._parked):
             self._release_parked(key)
         self._cancel_timers()
@@ -352,9 +374,36 @@ class Shard:
         def committed(result: Result) -> None:
             self._heartbeat_committed(req, ctx, result, future)
 
-        self._submit(_Event("write", lambda core, now: core.heartbeat(req, now, ctx), future,
-                            error, on_commit=committed))
+        event = _Event("write", lambda core, now: core.heartbeat(req, now, ctx), future, error,
+                       on_commit=committed)
+        if req.member_epoch == 0 and not self._is_member(req.group_id, req.member_id):
+            self._to_lane(event)  # a join (a member's epoch-0 heartbeats go first: it is in)
+        else:
+            self._submit(event)
         return future
+
+    def _is_member(self, group_id: str, member_id: str) -> bool:
+        g = self.core.group(group_id)
+        return g is not None and member_id in g.members
+
+    def _to_lane(self, event: _Event) -> None:
+        event.queued = time.monotonic()
+        self._lane.append(event)
+        self._mark_lane()
+
+    def _mark_lane(self) -> None:
+        """Put the lane's marker in the main queue (unless it is there already)."""
+        if self._lane and not self._lane_marked:
+            self._lane_marked = True
+            self._submit(_Event("lane", lambda core, now: None, None, error=self._fail_lane))
+
+    def _fail_lane(self, code: int, message: str) -> None:
+        """Fail every event waiting in the lane with ``code`` (the marker was failed: the
+        partition is lost, reloading or closing): joins are answered, timers retry."""
+        self._lane_marked = False
+        lane, self._lane = self._lane, collections.deque()
+        for ev in lane:
+            self._fail_event(ev, code, message)
 
     # -- the consumer -----------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -382,13 +431,15 @@ class Shard:
                     self._resolve_read(ev)
                     self._processing_time(time.monotonic() - begun)
                     continue
-                begun = time.monotonic()
-                self._queue_time(begun - ev.queued)
-                result = self._apply(ev)
-                self._processing_time(time.monotonic() - begun)
-                if result is not None:
-                    pending.append((ev, result))
+                if ev.kind == "lane":
+                    self._lane_marked = False
+                    lane = self._lane
+                    for _ in range(min(LANE_SLICE, len(lane))):
+                        self._write_event(lane.popleft(), pending)
+                    continue
+                self._write_event(ev, pending)
             await self._commit(pending)
+            self._mark_lane()  # the rest of the lane: after what was queued meanwhile
             if self._storage_failed():
                 await self._reload()
                 if self.state in (FAILED, UNOWNED):
@@ -398,6 +449,14 @@ class Shard:
             elapsed = time.monotonic() - self.stats.started
             if elapsed > 0:
                 self._idle_gauge.set(max(0.0, 1.0 - self.stats.busy_s / elapsed))
+
+    def _write_event(self, ev: _Event, pending: list[tuple[_Event, Result]]) -> None:
+        begun = time.monotonic()
+        self._queue_time(begun - ev.queued)
+        result = self._apply(ev)
+        self._processing_time(time.monotonic() - begun)
+        if result is not None:
+            pending.append((ev, result))
 
     def _storage_failed(self) -> bool:
         """The store's state is unknown after a failed write: reload before serving again."""
@@ -671,7 +730,7 @@ class Shard:
             if key not in self._timers and self.state == ACTIVE:
                 self._set_timer(key, now_ms() + TIMER_RETRY_MS)
 
-        self._submit(_Event("write", lambda core, now: core.on_timer(key, now), None, error=retry))
+        self._to_lane(_Event("write", lambda core, now: core.on_timer(key, now), None, error=retry))
 
     def timer_deadlines(self) -> dict[TimerKey, int]:
         return {k: t.deadline for k, t in self._timers.items()}
