@@ -345,6 +345,13 @@ SETTINGS: tuple[Setting, ...] = (
             "requests are checked against the ACLs (Kafka's StandardAuthorizer), super.users and "
             "allow.everyone.if.no.acl.found (docs/security.md, 'What each API needs').",
             _one_of("none", "acl")),
+    Setting("authorizer.assign.operation", str, "READ",
+            "With authorizer=acl, the operation on a group a member's principal needs to compute "
+            "the group's assignment (ConnectGroupPrepareAssignment and "
+            "ConnectGroupInstallAssignment): READ (every member may, the default), WRITE or "
+            "ALTER (only members allowed it are chosen; the others just run what they are given). "
+            "docs/security.md, 'Who computes a group's assignment'.",
+            _one_of("READ", "WRITE", "ALTER")),
     Setting("super.users", str, "",
             "Principals allowed everything, separated by ';' (Kafka's form: "
             "'User:admin;User:CN=ops,O=Example').", _principals),

@@ -142,12 +142,14 @@ class Harness:
     def heartbeat(self, member_id: str, epoch: int, group_id: str = "g", **fields: Any) -> Any:
         owned = fields.pop("owned", None)
         principal = fields.pop("principal", None)  # who the member authenticated as
+        may_assign = fields.pop("may_assign", True)  # its principal may compute (ACL)
         if owned is not None:
             fields["owned_connectors"], fields["owned_tasks"] = wire_lists(owned, _hb.TaskId)
         req = ConnectGroupHeartbeatRequest(
             group_id=group_id, member_id=member_id, member_epoch=epoch, **fields
         )
         ctx = RequestContext(client_id=f"client-{member_id}", client_host="127.0.0.1",
+                             may_assign=may_assign,
                              **({"principal": principal} if principal else {}))
         # The daemon answers "steady" heartbeats on a fast path: whenever it would, its answer
         # must be exactly the full handler's, which must write nothing and set the same timer.

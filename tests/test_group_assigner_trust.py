@@ -71,7 +71,7 @@ def test_a_barred_principal_rejoining_under_a_new_member_id_is_not_chosen() -> N
     h.compute({"worker": ["A", "A/0"]})
     h.join("attacker-1", assignors=WIDE, principal="User:mallory")
     assert h.assigner() == "attacker-1"
-    _hb(h, "attacker-1")
+    _hb(h, "attacker-1", principal="User:mallory")
     h.advance(30_000)
     assert h.assigner() == "worker"
     # The same principal leaves and joins again under a fresh member id: not chosen again.
@@ -91,3 +91,28 @@ def test_the_only_member_able_to_compute_gets_another_try() -> None:
     assert _hb(h, "slow").should_compute_assignment is True
     h.compute({"slow": ["A", "A/0"]})
     assert h.group().assignment_epoch == h.group().epoch
+
+
+def test_a_member_not_allowed_to_compute_is_never_chosen() -> None:
+    """``RequestContext.may_assign`` (the runtime's authorizer.assign.operation check): such a
+    member's range does not decide eligibility; losing the permission mid-rebalance hands the
+    computation to another member at its next full heartbeat."""
+    h = Harness(LONG_SESSIONS)
+    h.alter({"A": 1})
+    h.join("worker", assignors=HONEST)
+    h.compute({"worker": ["A", "A/0"]})
+    assert h.join("reader", assignors=WIDE, may_assign=False).error_code == 0
+    assert h.assigner() == "worker"
+    assert _hb(h, "worker", owned=["A", "A/0"]).should_compute_assignment is True
+    # The worker's permission is revoked (an ACL deleted), the reader's granted: at their next
+    # full heartbeats the computation moves.
+    assert _hb(h, "reader", may_assign=True).error_code == 0
+    r = _hb(h, "worker", owned=["A", "A/0"], may_assign=False)
+    assert r.should_compute_assignment is False
+    assert h.assigner() == "reader"
+    # Nobody allowed: nobody computes, and describe says why.
+    assert _hb(h, "reader", may_assign=False).should_compute_assignment is False
+    assert h.assigner() is None
+    d = h.describe().groups[0]
+    assert d.error_code == E.NO_ASSIGNOR_COVERS_GROUP and "authorizer.assign.operation" in \
+        d.error_message

@@ -135,6 +135,9 @@ class RequestContext:
     ``User:<certificate subject>`` (coordinator.security)."""
     listener: str = ""
     """The name of the listener the request came in on ("" outside the server)."""
+    may_assign: bool = True
+    """Whether the principal may compute the group's assignment (``authorizer.assign.operation``
+    on the group): a member that may not is never chosen to compute."""
 
 
 class GroupEvent(NamedTuple):
@@ -689,6 +692,7 @@ class GroupCoordinator:
                 return self._static_leave(txn, g, member_id, now_ms)
             self._check_epoch(txn, g, member_id, req, now_ms)
             self._update_member(txn, g, member_id, req, ctx, now_ms)
+            self._note_principal(g, member_id, ctx)
             joined = False
 
         owned = self._reported_owned(g, member_id, req)
@@ -975,11 +979,21 @@ class GroupCoordinator:
                         kept=len(keep), reports_running=len(owned))
         return g, member_id, True
 
-    @staticmethod
-    def _note_principal(g: Group, member_id: str, ctx: RequestContext) -> None:
+    def _note_principal(self, g: Group, member_id: str, ctx: RequestContext) -> None:
         """Remember who the member authenticated as (soft: a barred principal's new members are
-        not chosen to compute; see _on_compute_expired)."""
+        not chosen to compute; see _on_compute_expired) and whether it may compute at all
+        (``RequestContext.may_assign``, as of its latest full heartbeat)."""
         soft = g.soft
+        if ctx.may_assign == (member_id in soft.unauthorized_assigners):
+            if ctx.may_assign:
+                soft.unauthorized_assigners.discard(member_id)
+            else:
+                soft.unauthorized_assigners.add(member_id)
+            soft.selection_epoch = -1
+            comp = soft.computation
+            if (not ctx.may_assign and comp is not None and comp.member_id == member_id
+                    and comp.prepared_epoch is None):
+                self._cancel_computation_quietly(g)
         principal = ctx.principal
         if principal == ANONYMOUS:
             soft.principals.pop(member_id, None)
@@ -1234,6 +1248,7 @@ class GroupCoordinator:
         soft.instance_states.pop(member_id, None)
         soft.dirty.discard(member_id)
         soft.barred_assigners.discard(member_id)
+        soft.unauthorized_assigners.discard(member_id)
         soft.principals.pop(member_id, None)
         txn.timer(SESSION, g.group_id, member_id, None)
         txn.timer(REBALANCE, g.group_id, member_id, None)
@@ -1273,7 +1288,9 @@ class GroupCoordinator:
             index = g.assignors
             name = index.select(len(g.members), next(iter(g.members.values()), None))
             soft.selected_assignor = name
-            barred = [g.members[mid] for mid in soft.barred_assigners if mid in g.members]
+            barred = [g.members[mid] for mid in (soft.barred_assigners
+                                                 | soft.unauthorized_assigners)
+                      if mid in g.members]
             soft.eligible = index.eligible(name, barred) if name else {}
             soft.selection_epoch = g.epoch
             if not g.members:
@@ -1283,6 +1300,9 @@ class GroupCoordinator:
             elif not soft.eligible:
                 soft.assigner_error = (
                     f"no member's {name} version range covers every other member's"
+                    if not soft.unauthorized_assigners else
+                    f"no member allowed to compute the assignment (authorizer.assign.operation) "
+                    f"has a {name} version range covering every other member's"
                 )
             else:
                 soft.assigner_error = None
@@ -1355,6 +1375,12 @@ class GroupCoordinator:
         comp.notified = True
         comp.deadline_ms = now_ms + timeout
         txn.timer(COMPUTE, g.group_id, "", comp.deadline_ms)
+
+    @staticmethod
+    def _cancel_computation_quietly(g: Group) -> None:
+        """Drop the computation in flight; the caller's ``_after`` chooses again and re-arms
+        (a stale compute timer re-checks and does nothing)."""
+        g.soft.computation = None
 
     def _cancel_computation(self, txn: _Txn, g: Group) -> None:
         g.soft.computation = None

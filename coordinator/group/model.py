@@ -266,6 +266,9 @@ class SoftState:
     barred_assigners: set[str] = field(default_factory=set)  # did not compute in time: not
     # chosen again while they stay members, their version ranges left out of eligibility
     barred_principals: set[str] = field(default_factory=set)  # principals of such members
+    unauthorized_assigners: set[str] = field(default_factory=set)  # may not compute (their
+    # principal lacks authorizer.assign.operation on the group, as of their latest full
+    # heartbeat): never chosen, their version ranges left out of eligibility
     principals: dict[str, str] = field(default_factory=dict)  # member -> authenticated
     # principal (ANONYMOUS ones not kept)
     dirty: set[str] = field(default_factory=set)  # members whose assignment has stale items

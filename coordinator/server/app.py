@@ -73,10 +73,11 @@ class Router:
     """API key -> handler. Connect APIs go to the group's shard; Kafka's APIs are answered here.
 
     With ``authorizer=acl`` every request is checked (issue 13; docs/security.md, "What each API
-    needs"): READ on the group for ConnectGroupHeartbeat, PrepareAssignment and
-    InstallAssignment, ALTER on it for ConnectGroupAlterConnectors, DESCRIBE for
-    FindCoordinator (per key), DescribeGroups and ConnectGroupDescribe (per group); ListGroups
-    lists every group with DESCRIBE on the cluster, else the groups the principal may DESCRIBE.
+    needs"): READ on the group for ConnectGroupHeartbeat, ``authorizer.assign.operation`` (READ
+    unless set) for PrepareAssignment and InstallAssignment, ALTER on it for
+    ConnectGroupAlterConnectors, DESCRIBE for FindCoordinator (per key), DescribeGroups and
+    ConnectGroupDescribe (per group); ListGroups lists every group with DESCRIBE on the cluster,
+    else the groups the principal may DESCRIBE.
     A denial is GROUP_AUTHORIZATION_FAILED with a message, counted
     (connect_coordinator_authorization_denied_total{api,resource_type}) and logged with the
     principal (at most once per 10 s per principal, API and resource, and 20 lines per 10 s in
@@ -88,6 +89,9 @@ class Router:
         self.acl = server.config["authorizer"] == "acl"
         self._denials_logged = LogLimiter(DENIAL_LOG_INTERVAL_S, LOG_LINES_PER_INTERVAL,
                                           DENIAL_LOG_KEYS)
+        self.assign_operation = server.config["authorizer.assign.operation"] if self.acl \
+            else "READ"
+        """The operation on a group that computing its assignment needs (Prepare/Install)."""
         self._decisions: dict[tuple[str, str, str, str, str], bool] = {}
         self._decisions_version: Any = None
 
@@ -199,6 +203,9 @@ class Router:
             steady = shard.try_steady_heartbeat(req, ctx)
             if steady is not None:
                 return steady
+            if self.assign_operation != "READ" and not self.allowed(
+                    ctx, self.assign_operation, "GROUP", req.group_id):
+                ctx = dataclasses.replace(ctx, may_assign=False)  # (never chosen to compute)
             error = self._hb_error(req, s.heartbeat_interval_ms)
             try:
                 return shard.heartbeat(req, ctx, error)
@@ -249,7 +256,8 @@ class Router:
         error = self._error(api_key)
         if self.acl:
             name = APIS[api_key].name
-            operation = "ALTER" if api_key == ApiKey.CONNECT_GROUP_ALTER_CONNECTORS else "READ"
+            operation = ("ALTER" if api_key == ApiKey.CONNECT_GROUP_ALTER_CONNECTORS
+                         else self.assign_operation)
             refused = self.denied(ctx, name, operation, "GROUP", req.group_id)
             if refused is not None:
                 return error(ErrorCode.GROUP_AUTHORIZATION_FAILED, refused)
