@@ -34,6 +34,14 @@ around it only moves bytes, writes records to disk and fires timers.
 * **O(1) steady heartbeat.** A heartbeat from a stable member writes nothing and touches only
   that member: group state is maintained incrementally (``Group.unreconciled``), the assignor
   selection is cached per group epoch.
+* **O(1) join.** A join (or leave) never scans the group: the assignor selection, the join's
+  version range checks and the eligible assigners come from ``Group.assignors``
+  (:class:`~coordinator.group.model.AssignorIndex`, kept by replay).
+* **Who computes is bounded.** A member's rebalance timeout may not exceed
+  ``group.connect.max.rebalance.timeout.ms``; a chosen member gets at most
+  ``group.connect.max.assignment.timeout.ms`` to install, then is barred (with its principal)
+  while it stays; a member whose principal may not compute (``RequestContext.may_assign``) is
+  never chosen. Client-side assignment trusts the member that computes (docs/security.md).
 """
 
 from __future__ import annotations
