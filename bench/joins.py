@@ -73,11 +73,16 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(size)
 
 
+MAX_SIZE = 100_000
+"""``group.connect.max.size`` for the benchmark (the default, 1,000, would refuse most joins)."""
+
+
 def measure_core(size: int) -> float:
     """Seconds for ``size`` joins into one group, in the sans-IO core alone."""
+    from coordinator.group.config import GroupCoordinatorConfig
     from coordinator.group.coordinator import GroupCoordinator
 
-    core = GroupCoordinator()
+    core = GroupCoordinator(GroupCoordinatorConfig(max_size=MAX_SIZE))
     started = time.perf_counter()
     for i in range(size):
         response = core.heartbeat(join_request(f"member-{i:06d}"), i).response
@@ -246,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 "CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS":
                     str(args.session_timeout_ms),
                 "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "500",
+                "CONNECT_COORDINATOR_GROUP_CONNECT_MAX_SIZE": str(MAX_SIZE),
             }, extra_args=["--partitions", "1"])
             try:
                 row = asyncio.run(_daemon_run(process.host, process.port, size,

@@ -15,9 +15,11 @@ from typing import Any
 from connect_wire.messages import ConnectGroupHeartbeatRequest
 from connect_wire.messages import connect_group_heartbeat_request_v0 as _hb
 from coordinator.group import coordinator as _coordinator_module
+from coordinator.group.config import GroupCoordinatorConfig
 from coordinator.group.coordinator import GroupCoordinator
 
 GROUP_DIR = os.path.dirname(_coordinator_module.__file__)
+BIG = GroupCoordinatorConfig(max_size=10_000)  # (group.connect.max.size allows 1,000 by default)
 ASSIGNORS = (_hb.Assignor(name="incremental", minimum_version=1, maximum_version=1, reason=0,
                           metadata_version=1, metadata_bytes=b""),)
 
@@ -52,7 +54,7 @@ def _lines(action: Any) -> int:
 
 def _lines_per_join(members: int, joins: int = 20) -> float:
     """Lines of coordinator/group run per join, once the group has ``members`` members."""
-    core = GroupCoordinator()
+    core = GroupCoordinator(BIG)
     for i in range(members):
         _join(core, f"member-{i}", i)
 
@@ -83,7 +85,7 @@ def test_joins_with_many_assignor_versions_stay_constant() -> None:
 
     counts = []
     for size in (100, 2_000):
-        core = GroupCoordinator()
+        core = GroupCoordinator(BIG)
         for i in range(size):
             ranged(core, i)
         counts.append(_lines(lambda c=core, n=size: [ranged(c, i) for i in range(n, n + 20)]))

@@ -7,7 +7,7 @@ their own lane (coordinator/runtime/shard.py, "Joins take their own lane"), so t
 of the members already in a group are handled between slices of joins.
 
 The daemon runs with a 3 s session; the flood is bounded: 10,240 joins over 64 connections
-(each up to socket.max.inflight.requests in flight, so thousands queue at once), into a few
+(each up to socket.max.inflight.requests in flight, so thousands queue at once), into 16
 groups of the daemon's one partition, while a steady member heartbeats every 200 ms and
 computes its group's assignments.
 """
@@ -25,7 +25,7 @@ from tests.daemon_fixture import DaemonPool
 
 JOINS = 10_240
 CONNECTIONS = 64
-GROUPS = 4
+GROUPS = 16  # 640 joins each: within group.connect.max.size (1,000)
 SESSION_MS = 3_000
 
 
