@@ -10,8 +10,6 @@ machine without them cannot pass the suite silently.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -22,36 +20,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests import apt_tools
 
 PACKAGE = "prometheus"
-CANDIDATES = ("/usr/bin", "/usr/local/bin", "/usr/sbin")
-
-
-def _find(name: str) -> str | None:
-    return shutil.which(name) or next(
-        (f"{d}/{name}" for d in CANDIDATES if os.access(f"{d}/{name}", os.X_OK)), None)
 
 
 def binary(name: str) -> str:
     """``promtool`` or ``prometheus``: found, or installed (apt-get, as root), or the test fails."""
-    found = _find(name)
-    if found:
-        return found
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.fail(f"{name} is not installed and this is not root: install Debian's "
-                    f"{PACKAGE} package (`sudo apt-get install -y {PACKAGE}`) and run again")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", PACKAGE]
-    done = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:  # a fresh machine may have no package lists yet
-        subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env, check=False)
-        done = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
-    found = _find(name)
-    if done.returncode != 0 or not found:
-        pytest.fail(f"apt-get install {PACKAGE} failed ({done.returncode}):\n"
-                    f"{(done.stdout + done.stderr)[-2000:]}")
-    return found
+    return apt_tools.binary(name, PACKAGE)
 
 
 def promtool_check(exposition: bytes | str) -> subprocess.CompletedProcess[str]:
