@@ -149,3 +149,27 @@ def test_members_stop_at_the_default_max_size_and_cost_a_bounded_memory_each(dae
     # a full group of members at the limits costs (measured 62 MB: ~64 KB a member).
     assert rss[6] - rss[4] < 8 * MB, [r // MB for r in rss]
     assert rss[4] - rss[0] < 80 * MB, [r // MB for r in rss]
+
+
+def test_a_read_only_principal_cannot_grow_the_daemon_with_long_member_ids(daemon: Daemon) -> None:
+    # A joining worker may choose its MemberId, and every record and index of the member repeats
+    # it. Unbounded, a 900 KB id could not be logged (COORDINATOR_NOT_AVAILABLE, which a client
+    # retries) and each such join left its soft state behind: +35 MB a wave of 40 here, without
+    # end; a 30 KB id was taken, outside the member's 16 KiB.
+    d = daemon
+    rss = []
+    answers = []
+    with alice(d) as c:
+        assert heartbeat(c, join("legit")).error_code == 0
+        for wave in range(4):
+            for i in range(40):
+                for size in (900_000, 30_000):
+                    r = heartbeat(c, join(f"{wave}-{i}-" + "x" * size))
+                    answers.append((r.error_code, "MemberId takes" in (r.error_message or "")))
+            rss.append(rss_bytes(d))
+        assert answers == [(E.INVALID_REQUEST, True)] * 320, sorted(set(answers))
+        # (the first wave may warm the allocator up)
+        assert rss[-1] - rss[0] < 16 * MB, [r // MB for r in rss]
+        assert members(d) == 1
+        assert heartbeat(c, join("x" * 255)).error_code == 0  # the longest id allowed
+        assert members(d) == 2

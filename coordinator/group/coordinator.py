@@ -109,6 +109,7 @@ from .validation import (
     validate_assignors,
     validate_connector,
     validate_instance_states,
+    validate_member_id,
     validate_member_metadata_size,
     validate_report_size,
 )
@@ -251,6 +252,8 @@ def validate_heartbeat(req: ConnectGroupHeartbeatRequest) -> str | None:
         return "MemberEpoch must be >= -2."
     if epoch != 0 and not req.member_id:
         return "MemberId must be non-empty unless MemberEpoch is 0."
+    if problem := validate_member_id(req.member_id):
+        return problem
     if req.instance_id is not None and not req.instance_id:
         return "InstanceId, if provided, must be non-empty."
     if epoch == -2 and req.instance_id is None:

@@ -17,6 +17,7 @@ from connect_wire.instance_states import STATES
 from .model import CONNECTOR, HELD_EPOCH, Item
 
 __all__ = [
+    "MAX_MEMBER_ID_BYTES",
     "MAX_MEMBER_METADATA_BYTES",
     "validate_assignors",
     "validate_connector",
@@ -24,6 +25,7 @@ __all__ = [
     "validate_instance_states",
     "validate_item_set",
     "validate_member",
+    "validate_member_id",
     "validate_member_metadata_size",
     "validate_report_size",
 ]
@@ -32,6 +34,12 @@ MAX_MEMBER_METADATA_BYTES = 16 * 1024
 """The most bytes a member may describe itself with in a heartbeat: its ClientAssignors (names
 and metadata), WorkerUrl and InstanceId together. They are kept, in memory and in the log, for
 as long as the member stays; the project's worker sends well under 1 KiB."""
+
+MAX_MEMBER_ID_BYTES = 255
+"""The most UTF-8 bytes of a MemberId a worker may choose (the coordinator's own are UUIDs, 36).
+Every record of the member and every index of the group repeats it, and a join with a new one
+is what any principal with READ may send: unbounded, one id cost as much as its frame (a join
+with a 900 KB id could not even be logged and left its soft state behind)."""
 
 
 def validate_assignors(assignors: Iterable[Any]) -> str | None:
@@ -115,6 +123,16 @@ def validate_member_metadata_size(assignors: Iterable[Any] | None, worker_url: s
     if size > MAX_MEMBER_METADATA_BYTES:
         return (f"ClientAssignors, WorkerUrl and InstanceId take {size:,} bytes, more than "
                 f"the {MAX_MEMBER_METADATA_BYTES:,} a member may describe itself with.")
+    return None
+
+
+def validate_member_id(member_id: str) -> str | None:
+    """A heartbeat's MemberId: at most :data:`MAX_MEMBER_ID_BYTES` of UTF-8."""
+    if len(member_id) * 4 <= MAX_MEMBER_ID_BYTES:  # (no character takes more than 4 bytes)
+        return None
+    size = len(member_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_MEMBER_ID_BYTES:
+        return f"MemberId takes {size:,} bytes, more than the {MAX_MEMBER_ID_BYTES} allowed."
     return None
 
 
