@@ -1554,27 +1554,39 @@ def test_a_state_report_is_not_answered_by_the_steady_fast_path() -> None:
 # == what one member may make the coordinator keep ================================================
 
 
-def test_reports_longer_than_the_group_and_the_member_can_hold_are_refused_writing_nothing() -> None:
+def test_reports_longer_than_the_group_and_the_member_can_hold_are_refused_or_ignored() -> None:
     h = Harness()
     two_workers(h)  # 5 items; W1 owns 3
+    g = h.group()
+    hb(h, "W1", instance_states=_states(("A", "FAILED", "e")))
     start = len(h.log)
-    cur = h.group().current["W1"]
+    cur = g.current["W1"]
+    kept = (g.soft.reported_owned["W1"], g.soft.instance_states["W1"])
     # 5 + 3 entries: still what a worker may name (e.g. a rejoin racing deletes)
     r = h.heartbeat("W1", cur.epoch, owned=["A", "A/0", "A/1"] + [f"X/{i}" for i in range(5)])
     assert r.error_code == 0
-    r = h.heartbeat("W1", cur.epoch, owned=["A", "A/0", "A/1"] + [f"X/{i}" for i in range(6)])
-    assert r.error_code == E.INVALID_REQUEST
-    assert r.error_message == ("OwnedConnectors and OwnedTasks name 9 items; group g configures 5 "
-                               "and the member owns 3.")
+    # More: a member's report is no evidence (as if it carried nothing), never refused: an
+    # honest worker can name more (test_a_worker_racing_the_delete_of_what_it_starts_...).
+    r = h.heartbeat("W1", cur.epoch, owned=["A", "A/0"] + [f"X/{i}" for i in range(7)],
+                    instance_states=_states(*((f"X/{i}", "RUNNING") for i in range(9))))
+    assert r.error_code == 0
     r = h.heartbeat("W1", cur.epoch, instance_states=_states(*((f"X/{i}", "RUNNING") for i in range(9))))
+    assert r.error_code == 0
+    assert (g.soft.reported_owned["W1"], g.soft.instance_states["W1"]) == kept
+    # A join (no worker names anything it runs then beyond what its instance held) is refused.
+    r = h.join("W8", owned=[f"X/{i}" for i in range(6)])
     assert r.error_code == E.INVALID_REQUEST
-    assert r.error_message == ("InstanceStates has 9 entries; group g configures 5 items and the "
-                               "member owns 3.")
+    assert r.error_message == ("OwnedConnectors and OwnedTasks name 6 items; group g configures 5 "
+                               "and the member owns 0.")
+    r = h.join("W8", instance_states=_states(*((f"X/{i}", "RUNNING") for i in range(6))))
+    assert r.error_code == E.INVALID_REQUEST
+    assert r.error_message == ("InstanceStates has 6 entries; group g configures 5 items and the "
+                               "member owns 0.")
     # A new member of a group it does not know yet may name nothing it runs.
     r = h.join("W9", group_id="other", owned=["A"])
     assert (r.error_code, h.group("other")) == (E.INVALID_REQUEST, None)
     assert h.log[start:] == [] and h.current("W1") == (2, ["A", "A/0", "A/1"])
-    assert "W1" in h.group().members  # refused, not fenced
+    assert "W1" in g.members and "W8" not in g.members  # not fenced
     # A member the group no longer knows is told so (it rejoins), whatever it reports.
     r = h.heartbeat("W7", 3, owned=[f"X/{i}" for i in range(20)])
     assert r.error_code == E.UNKNOWN_MEMBER_ID
@@ -1665,3 +1677,52 @@ def test_the_default_group_size_is_finite_with_kafkas_error_past_it() -> None:
     assert (r.error_code, r.error_message) == (
         E.GROUP_MAX_SIZE_REACHED, "Group g has reached its maximum size (3 members).")
     assert h.join("W1").error_code == 0  # a member already in the group may rejoin
+
+
+def test_a_worker_racing_the_delete_of_what_it_starts_is_never_refused() -> None:
+    """The worker's own state machine (worker_client.membership) against the coordinator, with
+    the worker's messages exactly as it sends them. It starts its assignment of connector A
+    (1 + 40 tasks); meanwhile a heartbeat fails (a timeout, a reconnect), so its next one is a
+    full report, of what runs so far: nothing. A is deleted before that report arrives, so the
+    coordinator takes it as the worker having dropped A already and hands it no revocation.
+    When the report's answer comes, A runs: the worker revokes it, reporting the 41 items (and
+    their states) it still runs meanwhile. That report names more than the group configures (0)
+    plus what the coordinator thinks the member owns (0), but it is honest: refusing it ended the
+    worker (INVALID_REQUEST is fatal to it: exit 1)."""
+    from worker_client.membership import Assign, AssignorAd, Compute, Fatal, Membership, Revoke
+
+    h = Harness()
+    assert h.alter({"A": 40}).error_code == 0
+    m = Membership(group_id="g", assignors=(AssignorAd("incremental", 0, 1),))
+    m.join(h.now)
+
+    def beat(**kw: Any) -> list[Any]:
+        m.instance_states = {i: ("RUNNING", None, None) for i in running}
+        req = m.heartbeat_request(h.now, **kw)
+        return m.on_response(h.apply(h.coordinator.heartbeat(req, h.now)), h.now)
+
+    running: frozenset[Any] = frozenset()
+    assert any(isinstance(a, Compute) for a in beat())
+    everything = names(h.group().configured)
+    h.compute({m.member_id: everything})
+    (assign,) = beat()
+    assert isinstance(assign, Assign) and len(assign.items) == 41
+    # The worker starts A (its instances exist now); a keepalive meanwhile gets no answer.
+    running = assign.items
+    m.on_failure(h.now, 100)
+    h.advance(100)
+    assert h.alter(deletes=["A"]).error_code == 0  # the administrator deletes A meanwhile
+    req = m.heartbeat_request(h.now, keepalive=True)  # full: owned [] (A not started yet)
+    answer = h.apply(h.coordinator.heartbeat(req, h.now))
+    assert answer.error_code == 0 and h.current(m.member_id)[1] == []
+    m.assigned_started(assign.items, h.now)  # ...the start completes before the answer arrives
+    actions = m.on_response(answer, h.now)
+    assert Revoke(assign.items) in actions
+    # While it stops A, it reports what runs.
+    actions = beat(keepalive=True)
+    assert not any(isinstance(a, Fatal) for a in actions), actions
+    assert m.member_id in h.group().members
+    m.revoked(assign.items, h.now)
+    running = frozenset()
+    assert not any(isinstance(a, Fatal) for a in beat())
+    assert m.member_id in h.group().members and m.owned == frozenset()

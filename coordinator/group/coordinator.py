@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from connect_wire.errors import ErrorCode, error_name
@@ -684,7 +684,16 @@ class GroupCoordinator:
         self, txn: _Txn, req: ConnectGroupHeartbeatRequest, now_ms: int, ctx: RequestContext
     ) -> Any:
         epoch = req.member_epoch
-        self._check_report_size(req)
+        problem = self._report_size_problem(req)
+        if problem and epoch == 0:
+            raise _Reject(E.INVALID_REQUEST, problem)
+        if problem:
+            # A member's report can be honest and still name more: what it started while the
+            # connector was deleted, after a full report that did not name it yet, is no longer
+            # owned by it here; refusing would end the worker. Such a report is no evidence
+            # (as if it carried no lists and no states), in O(1); the answer's assignment makes
+            # the worker stop those items, and its next report is within the bounds again.
+            req = replace(req, owned_connectors=None, owned_tasks=None, instance_states=())
         if epoch == 0:
             g, member_id, joined = self._join(txn, req, now_ms, ctx)
         else:
@@ -742,26 +751,24 @@ class GroupCoordinator:
             assignment=self._assignment(g, after) if (joined or full or changed) else None,
         )
 
-    def _check_report_size(self, req: ConnectGroupHeartbeatRequest) -> None:
-        """INVALID_REQUEST for owned lists or states longer than any worker of the group can
-        send (validation.validate_report_size): checked before anything else, in O(1)."""
+    def _report_size_problem(self, req: ConnectGroupHeartbeatRequest) -> str | None:
+        """Why the owned lists or states are longer than any worker of the group sends
+        (validation.validate_report_size), or None: checked before anything else, in O(1)."""
         reported = len(req.owned_connectors or ()) + len(req.owned_tasks or ())
         states = len(req.instance_states or ())
         if not reported and not states:
-            return
+            return None
         g = self.state.groups.get(req.group_id)
         if req.member_epoch != 0 and (g is None or req.member_id not in g.members):
-            return  # UNKNOWN_MEMBER_ID comes first: a member that lost its session rejoins
+            return None  # UNKNOWN_MEMBER_ID comes first: a member that lost its session rejoins
         owned = 0
         if g is not None:
             # (a static member taking over its instance gets what the instance held)
             for mid in (req.member_id, g.static_members.get(req.instance_id or "")):
                 cur = g.current.get(mid) if mid else None
                 owned += len(cur.assigned) + len(cur.revoking) if cur is not None else 0
-        problem = validate_report_size(req.group_id, reported, states,
-                                       len(g.configured) if g is not None else 0, owned)
-        if problem:
-            raise _Reject(E.INVALID_REQUEST, problem)
+        return validate_report_size(req.group_id, reported, states,
+                                    len(g.configured) if g is not None else 0, owned)
 
     @staticmethod
     def _described_states(g: Group, member_id: str, owned: frozenset[Item]) -> tuple[Any, ...]:

@@ -141,8 +141,10 @@ def validate_report_size(group_id: str, reported: int, states: int, group_items:
     """A heartbeat's OwnedConnectors plus OwnedTasks, and its InstanceStates, each name at most
     as many items as the group configures plus what the member owns (a worker runs only items
     assigned to it, and what it still runs of a deleted connector or task stays owned by it
-    until it reports it stopped): beyond that a report can only be hostile, and refusing it
-    costs nothing while keeping it would cost memory and time in proportion to its length."""
+    until it reports it stopped). Beyond that, a join is refused; a member's later report is
+    ignored, not refused (what it started of a connector deleted just after a full report that
+    did not name it yet is no longer its own), at no cost, where reading it would cost time in
+    proportion to its length."""
     limit = group_items + member_items
     if reported > limit:
         return (f"OwnedConnectors and OwnedTasks name {reported:,} items; group {group_id} "
