@@ -1726,3 +1726,26 @@ def test_a_worker_racing_the_delete_of_what_it_starts_is_never_refused() -> None
     running = frozenset()
     assert not any(isinstance(a, Fatal) for a in beat())
     assert m.member_id in h.group().members and m.owned == frozenset()
+
+
+def test_a_join_that_could_not_be_logged_leaves_no_soft_state_behind() -> None:
+    """The runtime undoes a handler's records when its log write fails (a full disk, a record
+    that cannot be encoded); the soft state the join kept of its member went too: every such
+    join of a new member id used to stay in memory (its session, owned lists and states)."""
+    h = Harness()
+    two_workers(h)
+    g = h.group()
+    before = {k: dict(v) if isinstance(v, dict) else v for k, v in vars(g.soft).items()
+              if k in ("session_deadline", "reported_owned", "instance_states", "dirty")}
+    for i in range(3):
+        req = ConnectGroupHeartbeatRequest(
+            group_id="g", member_id=f"ghost-{i}", member_epoch=0, rebalance_timeout_ms=30_000,
+            client_assignors=(assignor(),), owned_connectors=(), owned_tasks=(),
+            instance_states=_states(("A", "RUNNING")))
+        result = h.coordinator.heartbeat(req, h.now)
+        assert result.response.error_code == 0 and result.records
+        h.coordinator.rollback(result)  # (what the runtime does when the append fails)
+    after = {k: v for k, v in vars(g.soft).items() if k in before}
+    assert after == before
+    assert set(g.members) == {"W1", "W2"}
+    hb(h, "W1", owned=["A", "A/0", "A/1"])  # the members go on

@@ -219,6 +219,19 @@ class _Txn:
         return Result(response, self.records, self.timers, self.wake, self.undo, self.events)
 
 
+def _forget_strangers(g: Group) -> None:
+    """Drop the soft state of member ids that are neither members nor holds of ``g``."""
+    soft = g.soft
+    for per_member in (soft.session_deadline, soft.rebalance_deadline, soft.reported_owned,
+                       soft.instance_states):
+        for mid in [m for m in per_member if m not in g.members]:
+            del per_member[mid]
+    soft.dirty &= set(g.members)
+    for per_hold in (soft.hold_deadline, soft.hold_instance):
+        for mid in [m for m in per_hold if m not in g.current]:
+            del per_hold[mid]
+
+
 def _uuid_member_id() -> str:
     return str(uuid.uuid4())
 
@@ -373,9 +386,15 @@ class GroupCoordinator:
         self.state.replay(record)
 
     def rollback(self, result: Result) -> None:
-        """Undo ``result``'s records (its write failed)."""
+        """Undo ``result``'s records (its write failed), and forget the soft state the handler
+        kept of members its records would have made (a join that could not be logged left its
+        session, owned lists and states behind, for a member that never was)."""
         for record in reversed(result.undo):
             self.state.replay(record)
+        for group_id in {r.key.group_id for r in result.records}:
+            g = self.state.groups.get(group_id)
+            if g is not None:
+                _forget_strangers(g)
 
     def group(self, group_id: str) -> Group | None:
         return self.state.groups.get(group_id)
