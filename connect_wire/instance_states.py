@@ -4,6 +4,8 @@ shared by the worker that sends them and the coordinator that keeps them.
 ``State`` is one of :data:`STATES`. ``ErrorMessage`` and ``Trace`` are at most
 :data:`TEXT_LIMIT_BYTES` bytes of UTF-8 each: a longer text is cut by :func:`utf8_tail`, which
 keeps its end (a traceback's innermost frames and the error itself) behind :data:`CUT_MARK`.
+A text UTF-8 cannot encode (lone surrogates: a file name the OS gave back undecodable) is made
+encodable first by :func:`encodable`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ TEXT_LIMIT_BYTES: Final = 8192
 """The most UTF-8 bytes of one ErrorMessage or Trace that is sent and kept."""
 CUT_MARK: Final = "...(truncated)\n"
 """What a cut text starts with (counted in its limit)."""
+
+
+def encodable(text: str) -> str:
+    """``text`` with any lone surrogate (``os.fsdecode`` of undecodable bytes, ``\\udcff``) written
+    as its escape, so that it can be sent: a string field is UTF-8 on the wire."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def utf8_tail(text: str, limit: int = TEXT_LIMIT_BYTES, mark: str = CUT_MARK) -> str:

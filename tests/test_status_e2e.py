@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_fixture import DaemonPool, run_cli
+from tests.daemon_fixture import ROOT, DaemonPool, run_cli
 from tests.test_worker_e2e import GROUP, PLUGIN, Cluster
 
 
@@ -116,3 +116,64 @@ def test_failing_plugin_is_reported_failed_with_its_traceback(cluster: Cluster) 
             break
         assert time.monotonic() < deadline, (members, states, cluster.logs(tail=2000))
         time.sleep(0.2)
+
+
+PLUGIN_SOURCE = '''
+import os
+
+
+class Task:
+    async def start(self, config):
+        # A name the file system gave back undecodable (os.fsdecode: surrogateescape), and
+        # multi-byte text, in the error as a plugin would write it.
+        name = os.fsdecode(b"/data/r\\xe9sum\\xe9-\\xff.csv")
+        raise RuntimeError(f"cannot read {name}: \\u00e9t\\u00e9 \\u20ac \\U0001f600")
+
+    async def stop(self):
+        pass
+
+
+class Connector:
+    task_class = Task
+
+    async def start(self, config):
+        pass
+
+    async def stop(self):
+        pass
+'''
+
+
+def test_a_plugin_error_naming_an_undecodable_file_is_reported_not_fatal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin's error text may hold lone surrogates (a file name the OS gave back undecodable,
+    os.fsdecode) that UTF-8 cannot encode: the worker's heartbeat carrying it could not be
+    encoded and ended the worker (an unhandled UnicodeEncodeError), and every restart again.
+    Now the text is reported with those characters escaped; the multi-byte ones stay."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "undecodable_plugin.py").write_text(PLUGIN_SOURCE)
+    monkeypatch.setenv("PYTHONPATH", f"{plugins}:{ROOT}")
+    with DaemonPool(tmp_path) as pool:
+        c = Cluster(tmp_path, pool.start())
+        try:
+            r = run_cli("connectors", "create", "--bootstrap", c.daemon.bootstrap, "--group", GROUP,
+                        "odd", "--tasks", "1", "--config", "connector.class=undecodable_plugin:Connector")
+            assert r.returncode == 0, r.stderr
+            proc = c.spawn("w1")
+            deadline = time.monotonic() + 30
+            while True:
+                st = _status(c, "odd")
+                if _states(st) == {"odd": "RUNNING", "odd/0": "FAILED"}:
+                    break
+                assert proc.poll() is None, c.logs(tail=3000)
+                assert time.monotonic() < deadline, (st, c.logs(tail=2000))
+                time.sleep(0.2)
+            (task,) = st["tasks"]
+            assert "cannot read /data/r\\udce9sum\\udce9-\\udcff.csv" in task["error"], task
+            assert "\u00e9t\u00e9 \u20ac \U0001f600" in task["error"]
+            assert "cannot read /data/r\\udce9sum\\udce9-\\udcff.csv" in task["trace"]
+            time.sleep(1.0)  # (restarts with backoff go on being reported)
+            assert proc.poll() is None, c.logs(tail=3000)
+        finally:
+            c.close()

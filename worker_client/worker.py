@@ -57,7 +57,14 @@ import structlog
 from connect_wire import verbs
 from connect_wire.client_security import SECURITY_CODES, ClientSecurity, SecurityError
 from connect_wire.errors import ErrorCode, error_name
-from connect_wire.instance_states import FAILED, RESTARTING, RUNNING, TEXT_LIMIT_BYTES, utf8_tail
+from connect_wire.instance_states import (
+    FAILED,
+    RESTARTING,
+    RUNNING,
+    TEXT_LIMIT_BYTES,
+    encodable,
+    utf8_tail,
+)
 from connect_wire.items import Item
 from connect_wire.messages import (
     ConnectGroupDescribeRequest,
@@ -178,11 +185,14 @@ ERROR_LIMIT = 1024
 
 
 def failure_trace(exc: BaseException, limit: int = TRACE_LIMIT) -> str:
-    return utf8_tail("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), limit)
+    """The traceback's last ``limit`` bytes of UTF-8 (what UTF-8 cannot encode escaped: a
+    heartbeat carrying it could not be sent, which ended the worker)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return utf8_tail(encodable(text), limit)
 
 
 def failure_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
-    return repr(exc).encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
+    return encodable(repr(exc)).encode("utf-8")[:limit].decode("utf-8", "ignore")
 
 
 @dataclass
