@@ -143,12 +143,13 @@ class Harness:
         owned = fields.pop("owned", None)
         principal = fields.pop("principal", None)  # who the member authenticated as
         may_assign = fields.pop("may_assign", True)  # its principal may compute (ACL)
+        client_id = fields.pop("client_id", f"client-{member_id}")  # the request header's
         if owned is not None:
             fields["owned_connectors"], fields["owned_tasks"] = wire_lists(owned, _hb.TaskId)
         req = ConnectGroupHeartbeatRequest(
             group_id=group_id, member_id=member_id, member_epoch=epoch, **fields
         )
-        ctx = RequestContext(client_id=f"client-{member_id}", client_host="127.0.0.1",
+        ctx = RequestContext(client_id=client_id, client_host="127.0.0.1",
                              may_assign=may_assign,
                              **({"principal": principal} if principal else {}))
         # The daemon answers "steady" heartbeats on a fast path: whenever it would, its answer

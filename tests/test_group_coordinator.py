@@ -1749,3 +1749,22 @@ def test_a_join_that_could_not_be_logged_leaves_no_soft_state_behind() -> None:
     assert after == before
     assert set(g.members) == {"W1", "W2"}
     hb(h, "W1", owned=["A", "A/0", "A/1"])  # the members go on
+
+
+def test_a_long_client_id_is_kept_cut_and_the_fast_path_still_serves_it() -> None:
+    """A request header's ClientId may take 32 KiB; a member record (and its events) keeps at
+    most MAX_CLIENT_ID_BYTES of it, cut on a character boundary, and a steady member sending
+    the same long id stays on the fast path (the cut equals what was stored)."""
+    from coordinator.group.validation import MAX_CLIENT_ID_BYTES
+
+    h = Harness()
+    two_workers(h)
+    long_id = "é" * 16_000  # 32,000 bytes of UTF-8
+    assert h.heartbeat("W1", 2, client_id=long_id).error_code == 0
+    kept = h.coordinator.state.groups["g"].members["W1"].client_id
+    assert kept == "é" * (MAX_CLIENT_ID_BYTES // 2)
+    hits = h.steady_hits
+    assert h.heartbeat("W1", 2, client_id=long_id).error_code == 0
+    assert h.steady_hits == hits + 1
+    assert h.heartbeat("W1", 2, client_id="short").error_code == 0
+    assert h.coordinator.state.groups["g"].members["W1"].client_id == "short"

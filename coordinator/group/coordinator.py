@@ -106,6 +106,7 @@ from .reconciliation import next_assignment
 from .records import assignment_bytes, connectors_log_bytes
 from .state import CoordinatorState, ReplayError
 from .validation import (
+    cut_client_id,
     validate_assignors,
     validate_connector,
     validate_instance_states,
@@ -406,6 +407,8 @@ class GroupCoordinator:
         ctx: RequestContext = RequestContext(),
     ) -> Result:
         problem = validate_heartbeat(req)
+        if (cut := cut_client_id(ctx.client_id)) is not ctx.client_id:
+            ctx = replace(ctx, client_id=cut)
         if problem is None and req.rebalance_timeout_ms > self.config.max_rebalance_timeout_ms:
             problem = (f"RebalanceTimeoutMs {req.rebalance_timeout_ms} is larger than "
                        f"{MAX_REBALANCE_TIMEOUT}={self.config.max_rebalance_timeout_ms}.")
@@ -429,6 +432,8 @@ class GroupCoordinator:
         the reconciliation or the response's assignment; anything else returns None and must
         go through :meth:`heartbeat`. Returns the response and the session timer to set.
         """
+        if (cut := cut_client_id(ctx.client_id)) is not ctx.client_id:
+            ctx = replace(ctx, client_id=cut)
         epoch = req.member_epoch
         if (epoch <= 0 or req.rebalance_timeout_ms != -1 or req.client_assignors is not None
                 or req.owned_connectors is not None or req.owned_tasks is not None

@@ -17,7 +17,9 @@ from connect_wire.instance_states import STATES
 from .model import CONNECTOR, HELD_EPOCH, Item
 
 __all__ = [
+    "MAX_CLIENT_ID_BYTES",
     "MAX_MEMBER_ID_BYTES",
+    "cut_client_id",
     "MAX_MEMBER_METADATA_BYTES",
     "validate_assignors",
     "validate_connector",
@@ -34,6 +36,12 @@ MAX_MEMBER_METADATA_BYTES = 16 * 1024
 """The most bytes a member may describe itself with in a heartbeat: its ClientAssignors (names
 and metadata), WorkerUrl and InstanceId together. They are kept, in memory and in the log, for
 as long as the member stays; the project's worker sends well under 1 KiB."""
+
+MAX_CLIENT_ID_BYTES = 255
+"""The most UTF-8 bytes of a request header's ClientId that a member record keeps (Kafka's
+clients send a few dozen). The header allows 32 KiB, which every record of the member and the
+"member joined" event would repeat: a longer one is cut (:func:`cut_client_id`), not refused,
+since it is the client library's choice, not the worker's."""
 
 MAX_MEMBER_ID_BYTES = 255
 """The most UTF-8 bytes of a MemberId a worker may choose (the coordinator's own are UUIDs, 36).
@@ -124,6 +132,17 @@ def validate_member_metadata_size(assignors: Iterable[Any] | None, worker_url: s
         return (f"ClientAssignors, WorkerUrl and InstanceId take {size:,} bytes, more than "
                 f"the {MAX_MEMBER_METADATA_BYTES:,} a member may describe itself with.")
     return None
+
+
+def cut_client_id(client_id: str) -> str:
+    """``client_id``, or its first :data:`MAX_CLIENT_ID_BYTES` UTF-8 bytes on a character
+    boundary when it is longer."""
+    if len(client_id) * 4 <= MAX_CLIENT_ID_BYTES:  # (no character takes more than 4 bytes)
+        return client_id
+    raw = client_id.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_CLIENT_ID_BYTES:
+        return client_id
+    return raw[:MAX_CLIENT_ID_BYTES].decode("utf-8", "ignore")
 
 
 def validate_member_id(member_id: str) -> str | None:
