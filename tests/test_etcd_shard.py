@@ -180,3 +180,32 @@ async def test_without_a_certainly_valid_lease_nothing_is_answered(etcd: EtcdSer
         await shard.close()
         await lease.close()
         await client.close()
+
+
+async def test_a_read_queued_before_the_lease_went_in_doubt_is_not_answered(
+        etcd: EtcdServer) -> None:
+    """A describe accepted while the lease was certainly valid but run once it is in doubt (it
+    waited behind a commit: an etcd election makes that commit slow) gets NOT_COORDINATOR, as
+    the writes queued with it do: nothing is answered from the state while the lease may be
+    gone (another node may own the partition and have changed the group by then)."""
+    client = await connect([etcd.endpoint])
+    lease = await NodeLease.grant(client, 60)
+    remaining, lost = [100.0], []
+    shard = await make_shard(client, lease, remaining, lost)
+    try:
+        assert (await write(shard, "a")).error_code == 0
+        queued_write = asyncio.ensure_future(write(shard, "b"))
+        queued_read = asyncio.ensure_future(connectors(shard))
+        await asyncio.sleep(0)  # both accepted (the lease certainly valid)...
+        remaining[0] = 0.0  # ...then the lease goes in doubt before the consumer runs them
+        assert (await queued_write).error_code == ErrorCode.NOT_COORDINATOR
+        with pytest.raises(ShardUnavailable) as refused:
+            await queued_read
+        assert refused.value.code == ErrorCode.NOT_COORDINATOR
+        remaining[0] = 100.0  # renewed: the same state serves again (b was committed)
+        assert await connectors(shard) == ["a", "b"]
+        assert not lost
+    finally:
+        await shard.close()
+        await lease.close()
+        await client.close()

@@ -503,6 +503,12 @@ class Shard:
         log.info("partition reloaded", partition=self.partition, records=self.loaded_records)
 
     def _resolve_read(self, ev: _Event) -> None:
+        if self.state == ACTIVE and not self.serving():
+            # Several nodes: accepted while the lease was certainly valid, run once it is in
+            # doubt (it waited behind a slow commit): answered from nothing, as writes are.
+            self._fail_event(ev, ErrorCode.NOT_COORDINATOR,
+                             f"this node no longer serves partition {self.partition}")
+            return
         try:
             value = ev.fn(self.core)
         except Exception as exc:  # never let a bad read kill the shard
