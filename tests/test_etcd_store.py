@@ -10,9 +10,11 @@ generously so a broken server fails the test instead of hanging it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -43,7 +45,13 @@ from coordinator.runtime.etcd_store import (
     ReloadRequired,
 )
 from coordinator.runtime.log import BatchTooLarge
-from tests.etcd_fixture import etcd_endpoint, etcd_server, start_etcd  # noqa: F401 (fixtures)
+from tests.etcd_fixture import (  # noqa: F401 (fixtures)
+    etcd_binary,
+    etcd_endpoint,
+    etcd_server,
+    free_port,
+    start_etcd,
+)
 
 BOUND_S = 60.0  # a generous bound on waiting for a condition: only a broken etcd reaches it
 _prefixes = itertools.count()
@@ -246,6 +254,42 @@ async def test_node_lease_known_lost_when_etcd_says_expired(client: Etcd3Client)
     assert not await lease.renew()
     assert lease.lost.is_set() and lease.remaining() == 0.0
     await lease.close()
+
+
+async def test_a_lease_gone_behind_the_etcd_grpc_proxy_is_known_lost(tmp_path: Path) -> None:
+    """Through etcd's gRPC proxy (``etcd grpc-proxy start``) the keep-alive of a revoked lease
+    ends in an error ("context canceled"), not in TTL 0: renewals only fail, the lease goes in
+    doubt -- and stayed there for good (the node would never drop its partitions nor join
+    again). In doubt the lease asks LeaseTimeToLive too, whose TTL -1 says etcd no longer has
+    it. (Through this proxy the one-request keep-alive streams often fail for a live lease
+    too: the proxy is no place for node leases; the lease is revoked here right away.)"""
+    server = start_etcd(tmp_path / "etcd")
+    port = free_port()
+    with open(tmp_path / "grpc-proxy.log", "wb") as log:
+        proxy = subprocess.Popen([etcd_binary(), "grpc-proxy", "start", "--endpoints",
+                                  server.endpoint, "--listen-addr", f"127.0.0.1:{port}"],
+                                 stdout=log, stderr=log)
+    try:
+        async with Etcd3Client([f"127.0.0.1:{port}"]) as via_proxy, \
+                Etcd3Client([server.endpoint]) as direct:
+            async def up() -> bool:
+                with contextlib.suppress(Exception):
+                    await via_proxy.kv.get(b"probe", timeout=1.0)
+                    return True
+                return False
+            await wait_for(up, "the gRPC proxy")
+            lease = await NodeLease.grant(via_proxy, 2, request_timeout_s=1.0)
+            await direct.lease.revoke(lease.id)
+
+            async def lost() -> bool:
+                return lease.lost.is_set()
+            await wait_for(lost, "the lease to be known lost")
+            assert lease.remaining() == 0.0
+            await lease.close()
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        server.stop()
 
 
 # -- writes: limits and atomicity ----------------------------------------------------------------

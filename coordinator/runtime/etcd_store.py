@@ -305,6 +305,9 @@ class NodeLease:
     lifts it.
     """
 
+    GONE_CHECK_S = 0.5
+    """In doubt: how often LeaseTimeToLive is asked whether etcd still has the lease."""
+
     def __init__(self, client: Etcd3Client, lease_id: int, ttl_s: int, granted_at: float,
                  granted_ttl: int, *, request_timeout_s: float) -> None:
         self.client = client
@@ -318,6 +321,8 @@ class NodeLease:
         """How many times renewals failed past the TTL (each followed by a renewal or the loss)."""
         self._doubt_since: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._gone_check: asyncio.Task[None] | None = None
+        self._gone_checked_at = float("-inf")
 
     @classmethod
     async def grant(cls, client: Etcd3Client, ttl_s: int, *, request_timeout_s: float = 2.0,
@@ -426,8 +431,32 @@ class NodeLease:
                 events.warning("etcd lease in doubt: no renewal within its TTL; renewing the same "
                                "lease until etcd renews it or says it is gone",
                                lease=f"{self.id:x}")
+            if self._doubt_since is not None and not self.lost.is_set():
+                self._check_gone()
+
+    def _check_gone(self) -> None:
+        """In doubt, also ask LeaseTimeToLive (at most every ``GONE_CHECK_S``, in the
+        background: the renewals go on meanwhile). A keep-alive of a gone lease need not answer
+        TTL 0: etcd's gRPC proxy ends it with an error, so renewals only fail and the lease
+        would stay in doubt for good. TTL -1 is etcd's "no such lease" -- the answer a
+        keep-alive's TTL 0 gives (an expired lease not yet revoked answers >= 0)."""
+        now = lease_clock()
+        if (self._gone_check is not None and not self._gone_check.done()) or \
+                now - self._gone_checked_at < self.GONE_CHECK_S:
+            return
+        self._gone_checked_at = now
+
+        async def ask() -> None:
+            with contextlib.suppress(Exception):  # unanswered: still in doubt
+                resp = await self.client.lease.time_to_live(
+                    self.id, timeout=self.request_timeout_s, max_attempts=1)
+                if resp.TTL == -1:
+                    self._mark_lost("etcd says there is no such lease (time to live)")
+        self._gone_check = asyncio.create_task(ask(), name=f"etcd-lease-gone-{self.id:x}")
 
     async def stop_keep_alive(self) -> None:
+        if self._gone_check is not None:
+            self._gone_check.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
