@@ -47,7 +47,7 @@ around it only moves bytes, writes records to disk and fires timers.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -312,7 +312,7 @@ def _ranges_overlap(a: AssignorSpec, b: AssignorSpec) -> bool:
     return a.minimum_version <= b.maximum_version and b.minimum_version <= a.maximum_version
 
 
-def _without(values: Any, value: int | None, first: bool) -> int:
+def _without(values: Sequence[int], value: int | None, first: bool) -> int:
     """The smallest (``first``) or largest of a sorted list with one occurrence of ``value``
     (None: nothing) taken out; the list holds at least one more value."""
     end = 0 if first else -1
@@ -718,6 +718,7 @@ class GroupCoordinator:
             # (as if it carried no lists and no states), in O(1); the answer's assignment makes
             # the worker stop those items, and its next report is within the bounds again.
             req = replace(req, owned_connectors=None, owned_tasks=None, instance_states=())
+        g: Group | None  # None only until the unknown-member check below
         if epoch == 0:
             g, member_id, joined = self._join(txn, req, now_ms, ctx)
         else:

@@ -19,14 +19,13 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from connect_wire.items import (  # noqa: F401 - re-exported: the model's vocabulary
-    CONNECTOR,
-    EMPTY,
-    Item,
-    connector_items,
-    items_from_wire,
-    split_items,
-)
+# Re-exported (``X as X``): the model's vocabulary, imported from here by the group core.
+from connect_wire.items import CONNECTOR as CONNECTOR
+from connect_wire.items import EMPTY as EMPTY
+from connect_wire.items import Item as Item
+from connect_wire.items import connector_items as connector_items
+from connect_wire.items import items_from_wire as items_from_wire
+from connect_wire.items import split_items as split_items
 
 
 class MemberState(enum.IntEnum):
@@ -166,8 +165,8 @@ class AssignorIndex:
     def __init__(self) -> None:
         self.count: dict[str, int] = {}
         self.rank: dict[str, int] = {}
-        self.mins: dict[str, SortedList] = {}
-        self.maxs: dict[str, SortedList] = {}
+        self.mins: dict[str, SortedList[int]] = {}
+        self.maxs: dict[str, SortedList[int]] = {}
         self.by_range: dict[str, dict[tuple[int, int], dict[str, None]]] = {}
 
     def add(self, m: MemberMetadata) -> None:
@@ -236,7 +235,7 @@ class AssignorIndex:
         return {mid: None for mid in ranged if mid not in out} if out else ranged
 
 
-def _first_kept(values: SortedList, skip: dict[int, int], reverse: bool) -> int | None:
+def _first_kept(values: SortedList[int], skip: dict[int, int], reverse: bool) -> int | None:
     """The first of ``values`` (the last with ``reverse``) once ``skip[v]`` occurrences of each
     ``v`` are left out."""
     left = dict(skip)

@@ -346,7 +346,8 @@ class IncrementalCooperativeAssignor:
         prev_index: dict[int, str | None] = {}  # state member index -> current member, or None
         departed: dict[int, HeldWork] = {}
         for k, (mid, inst, seen) in enumerate(state.members):
-            back = mid if mid in specs else by_instance.get(inst) if inst is not None else None
+            back: str | None = (
+                mid if mid in specs else by_instance.get(inst) if inst is not None else None)
             prev_index[k] = back
             if back is not None:
                 first_seen.setdefault(back, seen)
@@ -374,12 +375,12 @@ class IncrementalCooperativeAssignor:
             general = unplaced  # nothing to give back, nothing held: all new (a fresh start)
             unplaced = []
         for item in unplaced:
-            back: str | None = None
+            back = None
             hold: HeldWork | None = None
-            h = held_of.get(item)
-            if h is not None:
-                back = returning_of.get(id(h))
-                hold = h
+            held = held_of.get(item)
+            if held is not None:
+                back = returning_of.get(id(held))
+                hold = held
             else:
                 owners = state.owners.get(item[0])
                 k = owners[item[1] + 1] if owners is not None and item[1] + 1 < len(owners) else -1
