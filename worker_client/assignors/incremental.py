@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
@@ -249,7 +249,7 @@ class _Kind:
         if gone:
             mine = mine - gone
         extra = self.added[m]
-        groups = (
+        groups: tuple[Callable[[], Iterable[Item]], ...] = (
             lambda: [i for i in extra if i not in owned], lambda: mine - owned,
             lambda: [i for i in extra if i in owned], lambda: mine & owned,
         )
