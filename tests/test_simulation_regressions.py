@@ -20,7 +20,7 @@ BUGS = {
     "stop-without-session": (
         "FIXED in worker_client/worker.py (3be3f0b: stop() drains through the heartbeat loop; "
         "tests/test_worker.py::test_shutdown_longer_than_the_session_keeps_heartbeating) and in "
-        "the simulator's worker model (engine.py graceful_stop); no row is open. Was: "
+        "the simulator's worker model (worker_model.py graceful_stop); no row is open. Was: "
         "worker.stop() sends no heartbeat (and cancels the watchdog) while it waits for a start or "
         "stop in progress and then stops every instance, each allowed half the rebalance "
         "timeout; when that takes longer than the session timeout the coordinator expires the "
@@ -57,14 +57,14 @@ BUGS = {
     "revoked-while-stopping": (
         "FIXED in worker_client/worker.py (_stop_items waits for stops already in progress; "
         "tests/test_worker.py::test_stop_during_a_self_fence_waits_for_the_stops_in_progress) and "
-        "in the model (engine.py _stop_items). Was: a worker self-fenced (its stops in progress, "
+        "in the model (worker_model.py _stop_items). Was: a worker self-fenced (its stops in progress, "
         "its instances already taken out) and then stopped: stop()'s drain found nothing of those "
         "items among the instances, reported them released at once, and the rejoin's full "
         "heartbeat released the fenced member's hold while they still stopped (random-faults "
         "eager 4 x 20 seed 57, once the hold fixed fence-stop-tail)."
     ),
     "stop-overrun": (
-        "FIXED (issue 15) in the model (engine.py SimWorker._stop_items, _fail_stop, the lease "
+        "FIXED (issue 15) in the model (worker_model.py SimWorker._stop_items, _fail_stop, the lease "
         "backstop) and in worker_client/ (failstop.py): the fail-stop rule. Was: a stop that "
         "outlived the stop budget was abandoned and its item reported released while the plugin "
         "still ran; after a late self-fence (a worker frozen past its lease) slow stops outlasted "
