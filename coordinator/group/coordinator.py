@@ -77,11 +77,11 @@ from connect_wire.records import (
     TargetAssignmentMemberKey,
     TargetAssignmentMetadataKey,
 )
-from coordinator.security import ANONYMOUS
 
 from . import records as rec
 from .config import MAX_REBALANCE_TIMEOUT, GroupCoordinatorConfig
 from .model import (
+    ANONYMOUS,
     CONNECTOR,
     EMPTY,
     EMPTY_TARGET,

@@ -27,6 +27,11 @@ from connect_wire.items import connector_items as connector_items
 from connect_wire.items import items_from_wire as items_from_wire
 from connect_wire.items import split_items as split_items
 
+ANONYMOUS = "User:ANONYMOUS"
+"""The principal of a request that was not authenticated (Kafka's ``User:ANONYMOUS``): the
+group records who computes assignments by principal, the transport sets it
+(coordinator.security re-exports it)."""
+
 
 class MemberState(enum.IntEnum):
     """A member's reconciliation state (PROTOCOL.md ``MemberState``)."""

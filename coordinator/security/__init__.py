@@ -20,7 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-ANONYMOUS = "User:ANONYMOUS"
+from coordinator.group.model import ANONYMOUS
+
+__all__ = ["ANONYMOUS", "CLUSTER_NAME", "SCRAM_MECHANISMS", "ScramCredential", "Security"]
+
 CLUSTER_NAME = "kafka-cluster"
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
