@@ -12,11 +12,13 @@ import pytest
 
 from connect_wire import codec
 from connect_wire.apis import APIS
+from coordinator import config
 from coordinator.security.apis import API_KEYS, SecurityApis
 from coordinator.security.model import Authorizer
 from coordinator.security.state import SecurityState
 from coordinator.security.store import FileSecurityStore
 from coordinator.server import kafka_apis
+from coordinator.server.app import CoordinatorServer
 
 DENIED = 31
 
@@ -57,6 +59,8 @@ def test_denied_and_allowed(tmp_path: Path, version: int) -> None:
         store = FileSecurityStore(tmp_path, state)
         await store.load()
         apis = SecurityApis(state, store, enforce=True, max_items=3)
+        router = CoordinatorServer(config.load(None, {"data.dir": str(tmp_path / "data")},
+                                               environ={})).router
         reqs = requests({29: version, 30: version, 31: version})
         for key, req in reqs.items():
             v = type(req).__version__
@@ -68,8 +72,9 @@ def test_denied_and_allowed(tmp_path: Path, version: int) -> None:
             assert items == expected
             codec.encode(resp)  # it encodes
             # the router's last-resort error response has the same shape
-            same = kafka_apis.error_response(type(resp), req, 15, "x")
+            same = router.error_response(req, 15, "x")
             assert type(same) is type(resp)
+            assert codes(same) == [15 if c == DENIED else c for c in codes(resp)]
             ok = await apis.handle(key, v, req, "User:admin", "10.0.0.1")
             assert DENIED not in codes(ok)
         # 51 as the admin: a is not there (RESOURCE_NOT_FOUND), b's credential is made

@@ -46,6 +46,7 @@ from coordinator.security.model import (
 )
 from coordinator.security.state import ScramUpsertion, SecurityState
 from coordinator.security.store import SecurityStore, SecurityStoreError
+from coordinator.server.kafka_apis import build as _build
 
 log = logs.get("coordinator.security")
 
@@ -68,11 +69,6 @@ _NEEDS = {
     DESCRIBE_USER_SCRAM_CREDENTIALS: Operation.DESCRIBE,
     ALTER_USER_SCRAM_CREDENTIALS: Operation.ALTER,
 }
-
-
-def _build(cls: type, values: dict[str, Any]) -> Any:
-    from coordinator.server.kafka_apis import build
-    return build(cls, values)
 
 
 def _alter_users(request: Any) -> list[str]:

@@ -44,6 +44,7 @@ from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
 from coordinator.runtime.shard import ACTIVE, FAILED, Shard, ShardUnavailable
 from coordinator.security import ANONYMOUS, CLUSTER_NAME
+from coordinator.security.apis import error_response as security_error_response
 from coordinator.security.listeners import WILDCARDS, describe
 from coordinator.security.service import API_KEYS as SECURITY_API_KEYS
 from coordinator.security.service import SecurityService
@@ -179,6 +180,9 @@ class Router:
                 for g in (request.group_ids if items else ())))
         if api_key >= ApiKey.CONNECT_GROUP_HEARTBEAT:
             return self._error(api_key)(code, message)
+        if api_key in SECURITY_API_KEYS:  # credentials and ACLs: their own items
+            return security_error_response(APIS[api_key].response_class(version),
+                                           request if items else None, code, message)
         return kafka_apis.error_response(APIS[api_key].response_class(version),
                                          request if items else None, code, message)
 

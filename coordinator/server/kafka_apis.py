@@ -219,10 +219,8 @@ def list_groups(cls: type, request: Any, groups: list[tuple[str, str]], error: i
 def error_response(cls: type, request: Any | None, code: int, message: str) -> Any:
     """A response of ``cls`` that carries ``code`` as Kafka's ``getErrorResponse`` builds it:
     the top-level error where the version has one, else the error on every item the request
-    named (topics, coordinator keys, groups). ``request`` None: no items."""
-    if cls.__api_key__ in (29, 30, 31, 50, 51):  # credentials and ACLs: their own items
-        from coordinator.security.apis import error_response as security_error_response
-        return security_error_response(cls, request, code, message)
+    named (topics, coordinator keys, groups). ``request`` None: no items. The credentials and
+    ACL APIs have their own items: coordinator.security.apis.error_response."""
     values: dict[str, Any] = {"throttle_time": 0, "error_code": code, "error_message": message,
                               "node_id": -1, "host": "", "port": -1, "controller_id": -1}
     if request is not None:
