@@ -38,8 +38,9 @@ import socket
 import ssl
 import time
 from collections import deque
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kio.schema.sasl_handshake.v0.response import SaslHandshakeResponse as _HandshakeV0
 
@@ -56,13 +57,11 @@ from connect_wire.framing import (
 )
 from coordinator import logs
 from coordinator.group.coordinator import RequestContext
-from coordinator.security import ANONYMOUS
+from coordinator.metrics import Metrics
+from coordinator.security import ANONYMOUS, Security
 from coordinator.security import sasl as mechanisms
 from coordinator.security.tls import peer_principal
 from coordinator.server.kafka_apis import Encoded, build
-
-if TYPE_CHECKING:
-    from coordinator.server.app import CoordinatorServer
 
 log = logs.get("coordinator.connection")
 
@@ -133,6 +132,59 @@ class Served:
 
 PLAINTEXT = Served()
 
+
+class Router(Protocol):
+    """What a connection asks of the request router (coordinator.server.app.Router)."""
+
+    def api_versions(self, version: int, error: int = 0) -> Any: ...
+
+    def malformed(self, api_key: int, version: int, message: str) -> Any | None: ...
+
+    def dispatch(self, api_key: int, version: int, req: Any, ctx: RequestContext) -> Any: ...
+
+    def error_response(self, request: Any, code: int, message: str, items: bool = True) -> Any: ...
+
+
+class Host(Protocol):
+    """What a connection asks of the server that accepted it (coordinator.server.app's
+    CoordinatorServer, which imports this module): its limits, the byte budget every
+    connection shares, the router, the security state, PLAIN's thread pool, the metrics and the
+    rate-limited log lines."""
+
+    max_frame_bytes: int
+    max_inflight_requests: int
+    max_inflight_bytes: int
+    write_buffer_bytes: int
+    max_held_bytes: int
+    held_bytes: int
+    over_budget: bool
+    sasl_max_receive_bytes: int
+    max_reauth_ms: int
+    auth_timeout_s: float
+    auth_failure_delay_s: float
+    plain_executor: Executor
+    plain_pending: int
+    plain_max_pending: int
+    router: Router
+    security: Security
+    metrics: Metrics
+
+    def register(self, conn: Connection) -> bool: ...
+
+    def unregister(self, conn: Connection) -> None: ...
+
+    def enter_budget(self) -> None: ...
+
+    def check_budget(self) -> None: ...
+
+    def plain_refused(self, peer: str, listener: str) -> None: ...
+
+    def auth_failure_logged(self, peer: str, listener: str, mechanism: str, user: str | None,
+                            reason: str, reauth: bool) -> None: ...
+
+    def closing_logged(self, peer: str, reason: str, level: str = "info",
+                       **details: Any) -> None: ...
+
 # SASL states of a connection on a SASL listener (Kafka's SaslServerAuthenticator.SaslState).
 HANDSHAKE = 0  # before SaslHandshake: ApiVersions and SaslHandshake only
 AUTHENTICATE = 1  # after SaslHandshake: SaslAuthenticate only
@@ -193,7 +245,7 @@ class _Slot:
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: CoordinatorServer, listener: Served = PLAINTEXT) -> None:
+    def __init__(self, server: Host, listener: Served = PLAINTEXT) -> None:
         self.server = server
         self.listener = listener
         self.principal = ANONYMOUS
