@@ -515,7 +515,7 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from coordinator import config as cfg
-    from coordinator.server.app import main_serve
+    from coordinator.daemon import main_serve
 
     overrides = {
         "listeners": args.listen, "advertised.listener": args.advertised_listener,

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -409,8 +408,14 @@ RETRIABLE_LISTING = (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINAT
 other error in an answer wins over them (the client reports it at once)."""
 
 
+ClusterFactory = Callable[["CoordinatorServer", ServerConfig], Any]
+"""Makes this node's part of a cluster of nodes on ``store=etcd``: the cluster package's
+ClusterNode, handed in by the daemon's entry point (coordinator.daemon) because the cluster
+sits above the server (it drives the server's shards); the server never imports it."""
+
+
 class CoordinatorServer:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, cluster: ClusterFactory | None = None) -> None:
         self.config = config
         self.metrics = Metrics()
         # group.max.groups counts the groups of every partition (a new group is checked, then
@@ -468,13 +473,15 @@ class CoordinatorServer:
         self.shards: list[Any]
         if config["store"] == "etcd":
             try:
-                from coordinator.cluster.node import ClusterNode
                 from coordinator.runtime.etcd_shard import UnownedShard
             except ImportError as exc:
                 raise ConfigError(
                     f"store=etcd needs the etcd client: pip install 'connect-coordinator[etcd]' "
                     f"({exc})") from None
-            self.cluster = ClusterNode(self, config)
+            if cluster is None:
+                raise ConfigError("store=etcd needs the cluster node: start the daemon with "
+                                  "coordinator.daemon.main_serve")
+            self.cluster = cluster(self, config)
             self.shards = [UnownedShard(p, group_config) for p in range(config["partitions"])]
         else:
             self.shards = [
@@ -889,10 +896,11 @@ def install_loop() -> str:
     return "uvloop"
 
 
-async def run(config: ServerConfig, ready: Callable[[str], None] | None = None) -> None:
+async def run(config: ServerConfig, ready: Callable[[str], None] | None = None,
+              cluster: ClusterFactory | None = None) -> None:
     import signal
 
-    server = CoordinatorServer(config)
+    server = CoordinatorServer(config, cluster)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
@@ -909,35 +917,3 @@ async def run(config: ServerConfig, ready: Callable[[str], None] | None = None) 
         await server.serve_forever()
     finally:
         await server.stop()
-
-
-class NodeIdTaken(Exception):  # stands in when the etcd extra is not installed
-    pass
-
-
-def main_serve(config: ServerConfig) -> int:
-    global NodeIdTaken
-    if config["store"] == "etcd":
-        with contextlib.suppress(ImportError):
-            from coordinator.cluster.registry import NodeIdTaken
-    loop_name = install_loop()
-    logs.configure(config["log.format"], config["log.level"])
-    log.info("event loop", loop=loop_name)
-    try:
-        asyncio.run(run(config))
-    except ConfigError as exc:  # e.g. a --partitions that does not match the data dir
-        print(f"connect-coordinator: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except NodeIdTaken as exc:  # store=etcd: another live node has this node.id
-        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
-        return 2
-    except datadir.DataDirLocked as exc:  # another daemon holds the data dir
-        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
-        return 2
-    except StartupError as exc:  # e.g. every partition failed to load
-        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
-        return 1
-    return 0
