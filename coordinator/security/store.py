@@ -27,7 +27,7 @@ offline ``users add --data-dir`` (:func:`append_offline`) refuses while it runs.
 
 There is no partition owner: any node may write, in one transaction per request, without a
 compare (last writer wins per key). Every node watches the prefix
-(:class:`~coordinator.cluster.registry.PrefixWatcher`: read, then watch from the read's
+(:class:`~coordinator.runtime.etcd_watch.PrefixWatcher`: read, then watch from the read's
 revision, read again if the watch is cancelled) and rebuilds its state from the keys on every
 change, so every node converges on what etcd holds. ``apply`` returns once this node's watch
 has seen the transaction (the ``written`` key makes every transaction visible to it), so the
@@ -309,7 +309,7 @@ class EtcdSecurityStore(SecurityStore):
         self._lock = asyncio.Lock()
 
     async def load(self) -> None:
-        from coordinator.cluster.registry import PrefixWatcher
+        from coordinator.runtime.etcd_watch import PrefixWatcher
 
         self.watcher = PrefixWatcher(self.client, etcd_security_prefix(self.prefix),
                                      lambda value: bytes(value), timeout_s=self.timeout_s,
