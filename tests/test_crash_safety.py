@@ -71,6 +71,7 @@ from coordinator.runtime import serde
 from coordinator.runtime.log import FsyncPolicy, PartitionLog, RecoveryReport, partition_dir
 from coordinator.runtime.partitioner import partition_for
 from coordinator.runtime.shard import Shard
+from coordinator.store.file import FileStore
 
 REPO = Path(__file__).resolve().parent.parent
 E = ErrorCode
@@ -1104,9 +1105,9 @@ CTX = RequestContext(client_id="test", client_host="127.0.0.1")
 
 
 async def _shard(tmp_path: Path) -> Shard:
-    shard = Shard(0, tmp_path, GroupCoordinatorConfig(session_timeout_ms=60_000), Metrics(),
-                  fsync=FsyncPolicy(), segment_bytes=1 << 20, compaction_interval_ms=3_600_000,
-                  tombstone_retention_ms=0)
+    store = FileStore(tmp_path, 0, fsync=FsyncPolicy(), segment_bytes=1 << 20,
+                      compaction_interval_ms=3_600_000, tombstone_retention_ms=0)
+    shard = Shard(0, store, GroupCoordinatorConfig(session_timeout_ms=60_000), Metrics())
     await shard.load()
     assert shard.state == "active"
     return shard
@@ -1183,10 +1184,10 @@ async def _committed_group(shard: Shard) -> tuple[str, str, int]:
 
 async def _assert_unavailable_and_rolled_back(shard: Shard, gid: str, epoch: int) -> None:
     """Requests whose records cannot be made durable: nothing acknowledged, nothing changed."""
-    assert shard.log is not None
+    assert shard.store.log is not None
     before = shard.core.state.snapshot()
-    offset = shard.log.next_offset
-    size = shard.log.size_bytes
+    offset = shard.store.log.next_offset
+    size = shard.store.log.size_bytes
     # One alone, then several in one group commit (they fail together).
     resp = await _join(shard, gid, "w2")
     assert _code(resp) == E.COORDINATOR_NOT_AVAILABLE, resp
@@ -1200,7 +1201,7 @@ async def _assert_unavailable_and_rolled_back(shard: Shard, gid: str, epoch: int
     results = await asyncio.gather(*futures)
     assert [_code(r) for r in results] == [E.COORDINATOR_NOT_AVAILABLE] * len(futures), results
     assert shard.core.state.snapshot() == before
-    assert (shard.log.next_offset, shard.log.size_bytes) == (offset, size)
+    assert (shard.store.log.next_offset, shard.store.log.size_bytes) == (offset, size)
     check_invariants(shard.core.state)
 
 
@@ -1222,9 +1223,9 @@ async def _assert_recovers_and_durable(shard: Shard, gid: str, directory: Path) 
 async def test_failed_fsync_is_not_acknowledged_and_rolled_back(tmp_path: Path) -> None:
     shard = await _shard(tmp_path)
     gid, _member, epoch = await _committed_group(shard)
-    assert shard.log is not None
-    fault = Fault(shard.log._fsync_fn)
-    shard.log._fsync_fn = fault.fsync
+    assert shard.store.log is not None
+    fault = Fault(shard.store.log._fsync_fn)
+    shard.store.log._fsync_fn = fault.fsync
     # A one-shot fsync failure per group commit (the truncation back to the durable offset is
     # fsynced fine): each commit below hits one failure.
     fault.arm(1)
@@ -1243,9 +1244,9 @@ async def test_failed_fsync_is_not_acknowledged_and_rolled_back(tmp_path: Path) 
 async def test_failed_write_is_not_acknowledged_and_rolled_back(tmp_path: Path) -> None:
     shard = await _shard(tmp_path)
     gid, _member, epoch = await _committed_group(shard)
-    assert shard.log is not None
-    fault = Fault(shard.log._write_fn)
-    shard.log._write_fn = fault.write
+    assert shard.store.log is not None
+    fault = Fault(shard.store.log._write_fn)
+    shard.store.log._write_fn = fault.write
     fault.arm()
     await _assert_unavailable_and_rolled_back(shard, gid, epoch)
     assert fault.failed == 5
@@ -1258,9 +1259,9 @@ async def test_failed_fsync_until_cleared_is_not_acknowledged_then_recovers(tmp_
     truncation back to the durable offset; once the disk is fine again, writes succeed."""
     shard = await _shard(tmp_path)
     gid, _member, epoch = await _committed_group(shard)
-    assert shard.log is not None
-    fault = Fault(shard.log._fsync_fn)
-    shard.log._fsync_fn = fault.fsync
+    assert shard.store.log is not None
+    fault = Fault(shard.store.log._fsync_fn)
+    shard.store.log._fsync_fn = fault.fsync
     fault.arm()
     await _assert_unavailable_and_rolled_back(shard, gid, epoch)
     fault.clear()
@@ -1318,8 +1319,8 @@ async def test_failed_log_is_reopened_and_the_partition_reloaded(tmp_path: Path,
     state by replay instead of answering COORDINATOR_NOT_AVAILABLE until a restart."""
     shard = await _shard(tmp_path)
     gid, _member, _epoch = await _committed_group(shard)
-    assert shard.log is not None
-    failing_log = shard.log
+    assert shard.store.log is not None
+    failing_log = shard.store.log
 
     def half_write(fd: int, data: memoryview) -> int:
         os.write(fd, data[:10])
@@ -1345,8 +1346,9 @@ async def test_failed_log_is_reopened_and_the_partition_reloaded(tmp_path: Path,
             break
         assert asyncio.get_running_loop().time() < deadline, f"partition never recovered: {resp}"
         await asyncio.sleep(0.05)
-    assert shard.log is not failing_log and shard.log.failed is None
-    assert shard.recovery is not None and shard.recovery.truncated, "the torn batch was cut at reopen"
+    assert shard.store.log is not failing_log and shard.store.log.failed is None
+    recovery = shard.store.recovery
+    assert recovery is not None and recovery.truncated, "the torn batch was cut at reopen"
     # Logged (error level) and counted (issue 11, item 10).
     assert shard.metrics.registry.get_sample_value(
         "connect_coordinator_partition_reloads_total", {"partition": "0"}) == 1.0

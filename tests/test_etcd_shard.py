@@ -1,4 +1,4 @@
-"""EtcdShard against a real etcd: what the shard does with each commit outcome (issue 12).
+"""A shard on the etcd store against a real etcd: what the shard does with each commit outcome (issue 12).
 
 * etcd frozen (SIGSTOP) during a commit: the outcome is unknown. The request gets
   COORDINATOR_NOT_AVAILABLE (never a guess), the partition is reloaded from etcd once etcd is
@@ -34,9 +34,9 @@ from coordinator.group.config import GroupCoordinatorConfig
 from coordinator.group.state import CoordinatorState
 from coordinator.metrics import Metrics
 from coordinator.runtime import serde
-from coordinator.runtime.etcd_shard import EtcdShard
 from coordinator.runtime.etcd_store import EtcdPartitionStore, NodeLease, connect
-from coordinator.runtime.shard import ACTIVE, UNOWNED, ShardUnavailable
+from coordinator.runtime.shard import ACTIVE, UNOWNED, Shard, ShardUnavailable
+from coordinator.store.etcd import EtcdStore
 from tests.etcd_fixture import EtcdServer, start_etcd
 
 pytestmark = pytest.mark.asyncio
@@ -62,11 +62,11 @@ def error(code: int, message: str) -> Any:
     return ConnectGroupAlterConnectorsResponse(error_code=code, error_message=message, group_epoch=-1)
 
 
-async def write(shard: EtcdShard, name: str) -> Any:
+async def write(shard: Shard, name: str) -> Any:
     return await shard.write(lambda core, now: core.alter_connectors(alter(name), now), error)
 
 
-async def connectors(shard: EtcdShard) -> list[str]:
+async def connectors(shard: Shard) -> list[str]:
     resp = await shard.read(lambda core: core.describe(ConnectGroupDescribeRequest(group_ids=("g",))))
     return sorted(c.name for c in resp.groups[0].connectors)
 
@@ -80,12 +80,11 @@ def replayed(records: list[tuple[bytes, bytes]]) -> list[str]:
 
 
 async def make_shard(client: Etcd3Client, lease: NodeLease, remaining: list[float],
-                     lost: list[str]) -> EtcdShard:
+                     lost: list[str]) -> Shard:
     store = await EtcdPartitionStore.acquire(client, "/shard-test", 0, "1", lease,
                                              commit_timeout_s=0.5)
-    shard = EtcdShard(0, store, GroupCoordinatorConfig(), Metrics(),
-                      lease_remaining=lambda: remaining[0], margin_s=0.5,
-                      on_lost=lambda s, why: lost.append(why))
+    shard = Shard(0, EtcdStore(store), GroupCoordinatorConfig(), Metrics(),
+                  serving=lambda: remaining[0] > 0.5, on_lost=lambda s, why: lost.append(why))
     await shard.load()
     assert shard.state == ACTIVE
     return shard
@@ -119,7 +118,7 @@ async def test_unknown_outcome_is_answered_retriable_and_the_partition_reloaded(
         finally:
             os.kill(etcd.proc.pid, signal.SIGCONT)
         await until(lambda: shard.state == ACTIVE, "the reload")
-        in_etcd = replayed(await shard.store.load())
+        in_etcd = replayed(await shard.store.etcd.load())
         assert await connectors(shard) == in_etcd
         assert "a" in in_etcd
         assert (await write(shard, "d")).error_code == 0
@@ -141,7 +140,7 @@ async def test_a_deposed_owner_writes_nothing_and_gives_the_partition_up(
     try:
         assert (await write(shard, "a")).error_code == 0
         # Another node takes the partition over (as after our lease expired).
-        owner = shard.store.owner_key
+        owner = shard.store.etcd.owner_key
         await client.kv.delete(owner)
         successor = await EtcdPartitionStore.acquire(client, "/shard-test", 0, "2", other)
         resp = await write(shard, "b")

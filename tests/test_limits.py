@@ -33,6 +33,7 @@ from coordinator.metrics import Metrics
 from coordinator.runtime import serde
 from coordinator.runtime.log import DEFAULT_MAX_BATCH_BYTES, FsyncPolicy, _encode_batch
 from coordinator.runtime.shard import Shard
+from coordinator.store.file import FileStore
 from tests.daemon_fixture import Daemon, DaemonPool
 from tests.group_harness import Harness, assignor
 
@@ -153,8 +154,9 @@ async def test_shard_answers_a_batch_that_can_never_fit_with_a_non_retriable_err
     """Whatever slips past the core's bound (here: the core was given a larger limit than the
     log's) gets a non-retriable error naming the limit, not COORDINATOR_NOT_AVAILABLE forever."""
     big = GroupCoordinatorConfig(max_batch_bytes=64 * MiB)
-    shard = Shard(0, tmp_path, big, Metrics(), fsync=FsyncPolicy(), segment_bytes=64 * MiB,
-                  compaction_interval_ms=3_600_000, tombstone_retention_ms=0)
+    store = FileStore(tmp_path, 0, fsync=FsyncPolicy(), segment_bytes=64 * MiB,
+                      compaction_interval_ms=3_600_000, tombstone_retention_ms=0)
+    shard = Shard(0, store, big, Metrics())
     await shard.load()
     try:
         def error(code: int, message: str) -> Any:

@@ -24,6 +24,7 @@ from coordinator.metrics import Metrics
 from coordinator.runtime import shard as shard_module
 from coordinator.runtime.log import FsyncPolicy
 from coordinator.runtime.shard import Shard
+from coordinator.store.file import FileStore
 from tests.test_limits import alter_request, join_request
 
 CTX = RequestContext(client_id="test", client_host="127.0.0.1")
@@ -52,8 +53,9 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
 
 async def _shard(tmp_path: Path, metrics: Metrics, session_ms: int = 60_000) -> Shard:
     config = GroupCoordinatorConfig(session_timeout_ms=session_ms, heartbeat_interval_ms=100)
-    shard = Shard(3, tmp_path, config, metrics, fsync=FsyncPolicy(), segment_bytes=1 << 20,
-                  compaction_interval_ms=3_600_000, tombstone_retention_ms=0)
+    store = FileStore(tmp_path, 3, fsync=FsyncPolicy(), segment_bytes=1 << 20,
+                      compaction_interval_ms=3_600_000, tombstone_retention_ms=0)
+    shard = Shard(3, store, config, metrics)
     await shard.load()
     return shard
 
@@ -109,13 +111,13 @@ async def test_a_rolled_back_write_logs_nothing(tmp_path: Path, recorder: Record
     metrics = Metrics()
     shard = await _shard(tmp_path, metrics)
     try:
-        assert shard.log is not None
+        assert shard.store.log is not None
 
         def broken_sync() -> None:
             raise OSError(errno.EIO, "injected fsync failure")
 
         with monkeypatch.context() as patch:
-            patch.setattr(shard.log, "sync", broken_sync)
+            patch.setattr(shard.store.log, "sync", broken_sync)
             resp = await shard.heartbeat(join_request("g", "m1"), CTX, _error)
         assert _code(resp) == ErrorCode.COORDINATOR_NOT_AVAILABLE
         assert recorder.lines == []

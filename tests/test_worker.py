@@ -490,10 +490,11 @@ async def test_parked_heartbeat_expiring_during_its_wake_up_probe_gets_the_probe
     from coordinator.metrics import Metrics
     from coordinator.runtime.log import FsyncPolicy
     from coordinator.runtime.shard import Shard
+    from coordinator.store.file import FileStore
 
-    shard = Shard(0, tmp_path, GroupCoordinatorConfig(session_timeout_ms=60_000), Metrics(),
-                  fsync=FsyncPolicy(), segment_bytes=1 << 20, compaction_interval_ms=3_600_000,
-                  tombstone_retention_ms=0)
+    store = FileStore(tmp_path, 0, fsync=FsyncPolicy(), segment_bytes=1 << 20,
+                      compaction_interval_ms=3_600_000, tombstone_retention_ms=0)
+    shard = Shard(0, store, GroupCoordinatorConfig(session_timeout_ms=60_000), Metrics())
     await shard.load()
     ctx = RequestContext(client_id="t", client_host="127.0.0.1")
 
@@ -548,9 +549,9 @@ async def test_parked_heartbeat_expiring_during_its_wake_up_probe_gets_the_probe
         prep = await prepare(epoch)
         parked = hb(epoch, wait=300)
         await until(lambda: shard.parked_count == 1, "the heartbeat to park", timeout_s=2)
-        assert shard.log is not None
+        assert shard.store.log is not None
         slow = {"armed": False}
-        real_heartbeat, real_sync = shard.core.heartbeat, shard.log.sync
+        real_heartbeat, real_sync = shard.core.heartbeat, shard.store.log.sync
 
         def heartbeat(req: Any, now: int, c: Any) -> Any:
             result = real_heartbeat(req, now, c)
@@ -565,7 +566,7 @@ async def test_parked_heartbeat_expiring_during_its_wake_up_probe_gets_the_probe
             real_sync()
 
         shard.core.heartbeat = heartbeat  # type: ignore[method-assign]
-        shard.log.sync = sync  # type: ignore[method-assign]
+        shard.store.log.sync = sync  # type: ignore[method-assign]
         await install(prep, epoch, ("a", "a/0", "b"))
         answer = await parked
         current = shard.core.group("g").current["m"].epoch

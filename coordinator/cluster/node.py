@@ -18,9 +18,9 @@
   through its watch, acquires and loads it at once. The placement is advisory: owning is the
   owner key, so two nodes with different views delay a move and never share a partition.
 * **Lease trouble.** A shard serves only while the lease is certainly valid for more than
-  ``etcd.lease.margin.ms`` (EtcdShard.serving). A lease whose renewals fail (an etcd leader
-  election, etcd out of reach) is *in doubt*: nothing is answered or taken on, but the
-  partitions stay loaded while the keep-alive keeps trying the same lease. A renewal that
+  ``etcd.lease.margin.ms`` (:meth:`ClusterNode.serving`, given to each shard). A lease whose
+  renewals fail (an etcd leader election, etcd out of reach) is *in doubt*: nothing is answered
+  or taken on, but the partitions stay loaded while the keep-alive keeps trying the same lease. A renewal that
   succeeds proves the lease and every owner key on it alive (nobody else can have written a
   partition: a write needs its owner key), so the same partitions serve again without a reload;
   a write whose outcome was unknown meanwhile reloads its partition as always. When etcd says
@@ -46,8 +46,8 @@ from coordinator.cluster import registry
 from coordinator.cluster.placement import node_order, place
 from coordinator.group.config import ConfigError
 from coordinator.runtime import etcd_store
-from coordinator.runtime.etcd_shard import EtcdShard, UnownedShard
-from coordinator.runtime.shard import ACTIVE, FAILED, LOADING, UNOWNED
+from coordinator.runtime.shard import ACTIVE, FAILED, LOADING, UNOWNED, Shard, UnownedShard
+from coordinator.store.etcd import EtcdStore
 
 if TYPE_CHECKING:
     from coordinator.config import ServerConfig
@@ -88,6 +88,11 @@ class ClusterNode:
     def lease_remaining(self) -> float:
         lease = self.lease
         return lease.remaining() if lease is not None else 0.0
+
+    def serving(self) -> bool:
+        """Whether this node's shards may answer now: its lease is certainly valid for more
+        than the margin (a shard below it answers nothing from its state)."""
+        return self.lease_remaining() > self.margin_s
 
     def live_nodes(self, listener: str | None = None) -> list[tuple[int, str, int]]:
         """(node id, host, port) of every registered node, by id (Metadata's brokers), at its
@@ -235,7 +240,7 @@ class ClusterNode:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        shards = [s for s in self.server.shards if isinstance(s, EtcdShard)]
+        shards = [s for s in self.server.shards if isinstance(s, Shard)]
         started = time.monotonic()
         await asyncio.gather(*(self._handover(s) for s in shards), return_exceptions=True)
         if shards:
@@ -260,7 +265,7 @@ class ClusterNode:
                   node_id=self.node_id, lease=f"{lease.id:x}")
         self.registration = None
         for shard in list(self.server.shards):
-            if isinstance(shard, EtcdShard):
+            if isinstance(shard, Shard):
                 shard.lose("the node's etcd lease was lost")
         with contextlib.suppress(Exception):
             # Revoke, in case etcd still holds it (only our renewals failed): frees our old
@@ -316,12 +321,12 @@ class ClusterNode:
             if p in self._busy:
                 continue
             shard = shards[p]
-            mine = isinstance(shard, EtcdShard) and shard.state in (LOADING, ACTIVE, FAILED)
+            mine = isinstance(shard, Shard) and shard.state in (LOADING, ACTIVE, FAILED)
             wanted = target.get(p) == self.node_id
             owner = self.owners.view.get(str(p))
             if wanted and not mine and owner in (None, self.node_id):
                 self._spawn(p, self._acquire(p))
-            elif mine and not wanted and isinstance(shard, EtcdShard):
+            elif mine and not wanted and isinstance(shard, Shard):
                 self._spawn(p, self._handover(shard))
             elif not mine and not wanted and owner == self.node_id:
                 # Our owner key with nothing loaded behind it: a release that failed (timed
@@ -346,7 +351,7 @@ class ClusterNode:
         if lease is None:
             return
         try:
-            store = await etcd_store.EtcdPartitionStore.acquire(
+            store = await EtcdStore.acquire(
                 self.client, self.prefix, partition, self.node_id, lease,
                 max_txn_ops=self.max_txn_ops, max_request_bytes=self.max_request_bytes,
                 commit_timeout_s=self.timeout_s)
@@ -357,12 +362,10 @@ class ClusterNode:
             log.warning("acquiring a partition failed", partition=partition, error=repr(exc))
             return
         if lease is not self.lease or lease.lost.is_set():  # lost while acquiring
-            with contextlib.suppress(Exception):
-                await store.release()
+            await store.close(graceful=False)
             return
-        shard = EtcdShard(partition, store, self.server.group_config, self.server.metrics,
-                          lease_remaining=self.lease_remaining, margin_s=self.margin_s,
-                          on_lost=self._on_lost)
+        shard = Shard(partition, store, self.server.group_config, self.server.metrics,
+                      serving=self.serving, on_lost=self._on_lost)
         shard.heartbeat_error = self.server.heartbeat_error
         self.server.shards[partition] = shard
         self.server.partition_states()
@@ -392,7 +395,7 @@ class ClusterNode:
             log.info("released a partition left owned after a failed handover",
                      partition=partition, node_id=self.node_id)
 
-    async def _handover(self, shard: EtcdShard) -> None:
+    async def _handover(self, shard: Shard) -> None:
         partition = shard.partition
         started = time.monotonic()
         await shard.close()
@@ -402,7 +405,7 @@ class ClusterNode:
         log.info("partition handed over", partition=partition, node_id=self.node_id,
                  seconds=round(time.monotonic() - started, 3))
 
-    def _unload(self, shard: EtcdShard) -> None:
+    def _unload(self, shard: Shard) -> None:
         """The partition's slot back to unowned, its gauge series gone (unless a newer shard
         of that partition is in place already)."""
         if self.server.shards[shard.partition] is shard:
@@ -410,7 +413,7 @@ class ClusterNode:
                                                                self.server.group_config)
             self.server.metrics.drop_partition(shard.partition)
 
-    def _on_lost(self, shard: EtcdShard, why: str) -> None:
+    def _on_lost(self, shard: Shard, why: str) -> None:
         self._unload(shard)
         self.server.metrics.partition_moves.labels("lost").inc()
         self.server.partition_states()

@@ -1,4 +1,4 @@
-"""A shard: one log partition's group coordinator, its log, its event queue and its timers.
+"""A shard: one partition's group coordinator, its store, its event queue and its timers.
 
 Theory of operation
 -------------------
@@ -7,12 +7,18 @@ Theory of operation
   shard's single consumer task, so events of one partition never interleave, while other
   partitions' shards proceed (CPython runs them on one event loop; a shard awaiting its fsync
   does not hold up the others).
+* **The store.** The shard is given a :class:`~coordinator.store.base.PartitionStore` (the
+  file log, or etcd) and knows it only through that interface: load (replay), append, commit,
+  close, and the typed outcomes of a commit (coordinator/store/base.py maps each to what the
+  clients get). Whether the shard may answer at all is its owner's call (``serving``, given by
+  the cluster node on etcd; always on the file store).
 * **Write before respond.** A write event runs the pure handler (``GroupCoordinator``), whose
-  records are applied to the in-memory state at once and appended to the partition log. The
-  consumer drains what is queued, then commits the whole batch with one fsync (group commit;
-  Kafka's "adaptive linger"), and only then releases the responses, applies timer changes and
-  wakes parked heartbeats. A failed append or fsync rolls the state back (in reverse order) and
-  the affected requests get COORDINATOR_NOT_AVAILABLE; nothing was acknowledged.
+  records are applied to the in-memory state at once and appended to the store. The
+  consumer drains what is queued, then commits the whole batch at once (one fsync, one etcd
+  transaction: group commit; Kafka's "adaptive linger"), and only then releases the responses,
+  applies timer changes and wakes parked heartbeats. A failed append or commit rolls the state
+  back (in reverse order) and the affected requests get COORDINATOR_NOT_AVAILABLE; nothing was
+  acknowledged.
 * **Reads see committed state only.** A read event first commits whatever is pending.
 * **Joins and timer expiries take their own lane.** A join (MemberEpoch 0 from a member not
   in the group) and a timer's expiry wait in a separate queue; one marker event in the main
@@ -46,11 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from connect_wire.errors import ErrorCode
@@ -66,16 +70,17 @@ from coordinator.group.coordinator import (
     TimerKey,
 )
 from coordinator.group.model import is_hold
-from coordinator.group.state import ReplayError
 from coordinator.metrics import Metrics
 from coordinator.runtime import serde
-from coordinator.runtime.log import (
-    BatchTooLarge,
-    BehindRecoveryPoint,
-    FsyncPolicy,
-    PartitionLog,
-    RecoveryReport,
-    partition_dir,
+from coordinator.runtime.log import BatchTooLarge
+from coordinator.store.base import (
+    LOAD_CONTENT_ERRORS,
+    CommitRefused,
+    Deposed,
+    Feed,
+    GaveUp,
+    OutcomeUnknown,
+    PartitionStore,
 )
 
 log = logs.get("coordinator.shard")
@@ -86,9 +91,6 @@ LOADING, ACTIVE, FAILED, CLOSED = "loading", "active", "failed", "closed"
 UNOWNED = "unowned"
 """Several nodes (store=etcd): this node does not own the partition (not acquired, handed
 over, or deposed): NOT_COORDINATOR."""
-LOAD_CONTENT_ERRORS = (BehindRecoveryPoint, ReplayError, serde.CorruptRecord)
-"""What a load raises because of what the log holds (not an I/O error): the partition is failed,
-the corruption counted, and nothing is served rolled back; retrying cannot help."""
 MAX_DRAIN = 512
 LANE_SLICE = 256
 """Joins and timer expiries handled per turn of the lane (see "Joins and timer expiries take
@@ -160,31 +162,26 @@ class Shard:
     def __init__(
         self,
         partition: int,
-        data_dir: Path,
+        store: PartitionStore,
         group_config: GroupCoordinatorConfig,
         metrics: Metrics,
         *,
-        fsync: FsyncPolicy,
-        segment_bytes: int,
-        compaction_interval_ms: int,
-        tombstone_retention_ms: int,
-        roll_min_bytes: int = 1024 * 1024,
-        roll_dirty_percent: int = 50,
+        serving: Callable[[], bool] | None = None,
+        on_lost: Callable[[Shard, str], None] | None = None,
     ) -> None:
+        """``serving``: whether this node may answer for the partition right now (the cluster
+        node's call: while its lease is certainly valid); None: always. ``on_lost``: told when
+        the partition is lost (deposed, or given up by the store)."""
         self.partition = partition
-        self.directory = partition_dir(data_dir, partition)
+        self.store = store
         self.core = GroupCoordinator(group_config)
         self.metrics = metrics
-        self.fsync = fsync
-        self.segment_bytes = segment_bytes
-        self.compaction_interval_ms = compaction_interval_ms
-        self.tombstone_retention_ms = tombstone_retention_ms
-        self.roll_min_bytes = roll_min_bytes
-        self.roll_dirty_percent = roll_dirty_percent
+        self._serving = serving
+        self.on_lost = on_lost
+        self._reload_reason: str | None = None
+        """A commit's outcome is unknown: reload the partition from the store."""
         self.state = LOADING
         self.failure: str | None = None
-        self.log: PartitionLog | None = None
-        self.recovery: RecoveryReport | None = None
         self.queue: asyncio.Queue[_Event] = asyncio.Queue()
         self._timers: dict[TimerKey, _Timer] = {}
         self._busy = False
@@ -197,7 +194,6 @@ class Shard:
         """The lane's marker event is in the main queue."""
         self._consumer: asyncio.Task[None] | None = None
         self._compactor: asyncio.Task[None] | None = None
-        self._last_sync_ms = 0
         self.stats = ShardStats()
         self._queue_gauge = metrics.event_queue_size.labels(str(partition))
         self._idle_gauge = metrics.thread_idle_ratio.labels(str(partition))
@@ -208,39 +204,44 @@ class Shard:
         metrics.held_items.labels(str(partition)).set_function(self.held_item_count)
         self.loaded_records = 0
         self.skipped_records = 0
-        self.recovery_point = 0
-        """Every record below this offset was durable (the data dir's checkpoint): a log that
-        ends below it fails the load (coordinator.runtime.datadir)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def load(self) -> None:
-        """Open and replay the partition log, then start serving."""
+        """Load the partition from the store (replay), then start serving."""
         started = time.monotonic()
         try:
-            await asyncio.to_thread(self._load_blocking)
+            await self._load_store()
+        except Deposed as exc:
+            self.lose(f"deposed while loading: {exc}")
+            return
+        except GaveUp as exc:
+            self.lose(str(exc))
+            return
         except Exception as exc:  # a shard that cannot load fails alone; others keep serving
             self._load_failed(exc)
             return
         self.metrics.partition_load_seconds.observe(time.monotonic() - started)
-        if self.recovery is not None and not self.recovery.clean:
+        repaired = self.store.repaired()
+        if repaired is not None:
             self.metrics.log_corruptions.labels(str(self.partition)).inc()
             log.warning("partition log recovered with truncation", partition=self.partition,
-                        report=self.recovery.summary())
+                        report=repaired)
         self.state = ACTIVE
         self._consumer = asyncio.create_task(self._run(), name=f"shard-{self.partition}")
-        self._compactor = asyncio.create_task(self._compact_loop(), name=f"compact-{self.partition}")
-        # Fresh session timeouts, re-armed timers, restarted computations.
+        if self.store.compaction_interval_ms is not None:
+            self._compactor = asyncio.create_task(self._compact_loop(),
+                                                  name=f"compact-{self.partition}")
+        # Fresh session timeouts, re-armed timers, restarted computations (as Kafka's new
+        # coordinator does when it loads a partition).
         self._submit(_Event("write", lambda core, now: core.on_loaded(now), None))
         log.info("partition loaded", partition=self.partition, records=self.loaded_records,
-                 groups=len(self.core.state.groups), seconds=round(time.monotonic() - started, 3))
+                 groups=len(self.core.state.groups), **self.store.describe(),
+                 seconds=round(time.monotonic() - started, 3))
 
     def _load_failed(self, exc: Exception) -> None:
         self.state = FAILED
         self.failure = f"{type(exc).__name__}: {exc}"
-        if self.log is not None:
-            with contextlib.suppress(Exception):
-                self.log.close()
-        self.log = None
+        self.store.discard()
         self.core = GroupCoordinator(self.core.config)  # never serve a partial replay
         if isinstance(exc, LOAD_CONTENT_ERRORS):
             self.metrics.log_corruptions.labels(str(self.partition)).inc()
@@ -252,34 +253,43 @@ class Shard:
 
     @property
     def durable_offset(self) -> int | None:
-        """The log's durable offset, or None when there is no usable log (not loaded, failed)."""
-        if self.log is None or self.log.failed is not None or self.state in (LOADING, FAILED):
+        """The store's durable offset (the recovery-point checkpoint), or None when there is
+        none or no usable store (not loaded, failed)."""
+        if self.state in (LOADING, FAILED):
             return None
-        return self.log.durable_offset
+        return self.store.durable_offset
 
-    def _load_blocking(self) -> None:
+    async def _load_store(self, *, again: bool = False) -> None:
+        """Replay what the store holds into the core (a fresh one when ``again``)."""
+        if again:
+            self.core = GroupCoordinator(self.core.config)
         self.loaded_records = 0
+        state = self.core.state
 
         def skip(exc: serde.UnknownRecordType) -> None:
             log.warning("skipping unknown record type", partition=self.partition, error=str(exc))
 
-        # Each batch is replayed as recovery reads and checks it: the log is read once
-        # (serde.BulkLoader: tests/test_replay_bulk.py checks it against record-by-record replay).
-        with serde.BulkLoader(self.core.state, on_unknown=skip) as loader:
-            self.log, self.recovery = PartitionLog.open(
-                self.directory, segment_bytes=self.segment_bytes, sink=loader.add,
-                recovery_point=self.recovery_point,
-            )
-        self.loaded_records = loader.stats.applied
-        self.skipped_records += loader.stats.skipped
-        self._bytes_gauge.set(self.log.size_bytes)
+        def replay(feed: Feed) -> serde.LoadStats:
+            # Each batch is replayed as the store reads it (serde.BulkLoader:
+            # tests/test_replay_bulk.py checks it against record-by-record replay).
+            with serde.BulkLoader(state, on_unknown=skip) as loader:
+                feed(loader.add)
+            return loader.stats
+
+        stats = await self.store.load(replay)
+        self.loaded_records = stats.applied
+        self.skipped_records += stats.skipped
+        self._bytes_gauge.set(self.store.size_bytes)
 
     async def close(self) -> None:
-        """Graceful stop: answer what is queued, commit, answer parked heartbeats, close the log."""
+        """Graceful stop: answer what is queued, commit, answer parked heartbeats, then close
+        the store (a file log syncs and closes; etcd commits and releases the owner key so the
+        next owner can load at once)."""
         if self.state != ACTIVE:
+            if self.state in (CLOSED, UNOWNED):
+                return
             self.state = CLOSED
-            if self.log is not None:
-                self.log.close()
+            await self.store.close(graceful=False)
             return
         self.state = CLOSED  # no new events
         if self._compactor is not None:
@@ -293,21 +303,35 @@ class Shard:
         for key in list(self._parked):
             self._release_parked(key)
         self._cancel_timers()
-        await self._close_storage()
+        await self.store.close(graceful=True)
 
-    async def _close_storage(self) -> None:
-        """After the last commit of a graceful close: make everything durable, close the log."""
-        if self.log is not None:
-            try:
-                self.log.sync()
-            finally:
-                self.log.close()
+    def lose(self, why: str) -> None:
+        """The partition is no longer ours (deposed, lease lost): answer everything
+        NOT_COORDINATOR, stop timers and the consumer, tell the owner (``on_lost``)."""
+        if self.state == UNOWNED:
+            return
+        was = self.state
+        self.state = UNOWNED
+        log.warning("partition lost", partition=self.partition, reason=why, was=was)
+        message = f"this node no longer owns partition {self.partition}"
+        while not self.queue.empty():
+            self._fail_event(self.queue.get_nowait(), ErrorCode.NOT_COORDINATOR, message)
+        self._fail_lane(ErrorCode.NOT_COORDINATOR, message)
+        for key in list(self._parked):
+            self._release_parked(key)  # answered NOT_COORDINATOR (serving() or UNOWNED below)
+        self._cancel_timers()
+        self.core = GroupCoordinator(self.core.config)
+        if self._consumer is not None and self._consumer is not asyncio.current_task():
+            self._consumer.cancel()
+        self.store.lost()
+        if self.on_lost is not None:
+            self.on_lost(self, why)
 
     # -- submitting events ------------------------------------------------------------------------
     def serving(self) -> bool:
         """Whether this node may answer for the partition right now (always, on the file store;
-        on etcd: while the node's lease is certainly valid, see EtcdShard)."""
-        return True
+        on etcd: while the node's lease is certainly valid for more than its margin)."""
+        return self._serving is None or self._serving()
 
     def check_available(self) -> None:
         if not self.serving():
@@ -460,30 +484,32 @@ class Shard:
 
     def _storage_failed(self) -> bool:
         """The store's state is unknown after a failed write: reload before serving again."""
-        return self.log is not None and self.log.failed is not None
+        return (self._reload_reason is not None or self.store.failed is not None
+                or self.state == UNOWNED)
 
     async def _reload(self) -> None:
-        """The log could not even cut itself back after a failed write: its end on disk is
-        unknown. Reopen it (recovery validates what is there) and rebuild the state by replay,
-        retrying while the disk refuses; meanwhile events are answered
+        """A commit's outcome is unknown, or the store could not restore a consistent state
+        after a failed write (a log that could not cut itself back): rebuild the state from what
+        the store holds, retrying while it refuses; meanwhile events are answered
         COORDINATOR_LOAD_IN_PROGRESS (retriable)."""
-        assert self.log is not None
-        reason = self.log.failed
-        log.error("partition log failed: reloading the partition", partition=self.partition,
-                  reason=reason)
+        if self.state == UNOWNED or (self.state == CLOSED and self._reload_reason is not None):
+            return  # deposed (the consumer ends), or handing over: the next owner loads it
+        reason = self._reload_reason or self.store.failed
+        self._reload_reason = None
+        log.error(self.store.reload_event, partition=self.partition, reason=reason)
         self.metrics.partition_reloads.labels(str(self.partition)).inc()
         self.state = LOADING
         for key in list(self._parked):
             self._release_parked(key)
         self._cancel_timers()
-        with contextlib.suppress(Exception):
-            self.log.close()
         delay = 0.1
         while True:
-            self.core = GroupCoordinator(self.core.config)
             try:
-                await asyncio.to_thread(self._load_blocking)
+                await self._load_store(again=True)
                 break
+            except Deposed as exc:
+                self.lose(f"deposed while reloading: {exc}")
+                return
             except LOAD_CONTENT_ERRORS as exc:  # retrying cannot help: fail the partition
                 self._load_failed(exc)
                 while not self.queue.empty():
@@ -495,9 +521,11 @@ class Shard:
                           error=repr(exc), retry_in_s=delay)
             while not self.queue.empty():
                 self._fail_event(self.queue.get_nowait(), ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                                 f"partition {self.partition} is reloading after a log failure")
+                                 f"partition {self.partition} is reloading {self.store.reloading}")
+            if self.state == UNOWNED:
+                return
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, self.store.reload_backoff_max_s)
         self.state = ACTIVE
         self._submit(_Event("write", lambda core, now: core.on_loaded(now), None))
         log.info("partition reloaded", partition=self.partition, records=self.loaded_records)
@@ -524,18 +552,14 @@ class Shard:
     _oversize_unlogged = 0
 
     def _refuse_oversize(self, ev: _Event, exc: BatchTooLarge) -> None:
-        """A batch that alone exceeds the log's batch limit can never be written: answer a
+        """A batch that alone exceeds the store's batch limit can never be written: answer a
         non-retriable INVALID_REQUEST naming the limit (not COORDINATOR_NOT_AVAILABLE, which a
-        client retries forever), with one warning per interval at most (issue 11, item 7). The
-        core refuses what it can foresee (AlterConnectors); this catches the rest."""
-        over = exc.size - exc.limit
-        message = (f"the records this request would write take {exc.size:,} bytes, {over:,} "
-                   f"bytes over the coordinator log's batch limit of {exc.limit:,} bytes; "
-                   "it can never be written")
+        client retries forever), with one warning per interval at most. The core refuses what
+        it can foresee (AlterConnectors); this catches the rest."""
+        warning, fields, message = self.store.oversize(exc)
         now = time.monotonic()
         if now - self._oversize_warned_at >= self.OVERSIZE_WARNING_INTERVAL_S:
-            log.warning("refused a write larger than the log's batch limit",
-                        partition=self.partition, bytes=exc.size, limit=exc.limit,
+            log.warning(warning, partition=self.partition, **fields,
                         refused_since_last_warning=self._oversize_unlogged)
             self._oversize_warned_at = now
             self._oversize_unlogged = 0
@@ -570,8 +594,7 @@ class Shard:
 
     def _append(self, records: list[tuple[bytes, bytes | None]], now: int) -> None:
         """Write one request's records (atomic) to the store, not yet durable."""
-        assert self.log is not None
-        self.log.append(records, now)
+        self.store.append(records, now)
 
     def _fail_event(self, ev: _Event, code: int, message: str) -> None:
         if ev.future is None:
@@ -656,24 +679,36 @@ class Shard:
         return self._held
 
     async def _make_durable(self, pending: list[tuple[_Event, Result]]) -> bool:
-        """Make the appended records durable (the fsync policy); False: they are not, every
-        pending result was rolled back and its event answered."""
-        if self.log is None:
-            return True
-        now = now_ms()
-        if self.fsync.sync_before_release or self.fsync.sync_due(now, self._last_sync_ms):
-            started = time.monotonic()
-            try:
-                await asyncio.to_thread(self.log.sync)
-            except Exception as exc:
-                # The log cut itself back to its durable offset: undo every pending result.
-                log.error("log fsync failed", partition=self.partition, error=repr(exc))
-                self._roll_back(pending, ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                f"could not sync the coordinator log: {exc}")
-                return False
-            self._last_sync_ms = now
+        """Commit the appended records to the store; False: they are not durable, every
+        pending result was rolled back and its event answered (coordinator/store/base.py)."""
+        started = time.monotonic()
+        try:
+            timed = await self.store.commit()
+        except Deposed as exc:
+            for ev, result in reversed(pending):
+                self.core.rollback(result)
+                self._fail_event(ev, ErrorCode.NOT_COORDINATOR,
+                                 f"this node no longer owns partition {self.partition}")
+            self.lose(f"deposed: {exc}")
+            return False
+        except CommitRefused as exc:
+            self._roll_back(pending, ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc))
+            return False
+        except OutcomeUnknown as exc:
+            # Never guessed: the clients retry; the state is rebuilt from what the store holds.
+            self._roll_back(pending, ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc))
+            self._reload_reason = exc.reason
+            return False
+        except Exception as exc:  # noqa: BLE001 (a store bug): treated as an unknown outcome
+            log.error("commit failed: reloading the partition", partition=self.partition,
+                      error=repr(exc))
+            self._roll_back(pending, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                            f"the outcome of the write is unknown ({exc!r}); retry")
+            self._reload_reason = repr(exc)
+            return False
+        if timed:
             self.metrics.log_fsync_seconds.observe(time.monotonic() - started)
-        self._bytes_gauge.set(self.log.size_bytes)
+        self._bytes_gauge.set(self.store.size_bytes)
         return True
 
     def _roll_back(self, pending: list[tuple[_Event, Result]], code: int, message: str) -> None:
@@ -800,6 +835,9 @@ class Shard:
         if parked.handle is not None:
             parked.handle.cancel()
         self.metrics.parked.dec()
+        if self.state == UNOWNED and self.heartbeat_error is not None:
+            response = self.heartbeat_error(parked.request, ErrorCode.NOT_COORDINATOR,
+                                            f"this node no longer owns partition {self.partition}")
         if not self.serving() and self.heartbeat_error is not None:
             # Several nodes: a node whose lease ran short answers nothing from its state.
             response = self.heartbeat_error(parked.request, ErrorCode.NOT_COORDINATOR,
@@ -866,10 +904,9 @@ class Shard:
 
     # -- compaction -------------------------------------------------------------------------------
     async def _roll_log(self, ev: _Event) -> None:
-        """A "roll" event: the consumer is the log's only writer, so it rolls (in a thread)."""
+        """A "roll" event: the consumer is the store's only writer, so it rolls (in a thread)."""
         try:
-            assert self.log is not None
-            rolled = await asyncio.to_thread(self.log.roll)
+            rolled = await asyncio.to_thread(self.store.roll)
         except Exception as exc:
             log.error("rolling the active segment failed", partition=self.partition,
                       error=repr(exc))
@@ -878,26 +915,27 @@ class Shard:
             ev.future.set_result(rolled)
 
     async def _compact_loop(self) -> None:
+        """Compact the store every ``compaction_interval_ms`` (a store that keeps history)."""
+        assert self.store.compaction_interval_ms is not None
+        interval_s = self.store.compaction_interval_ms / 1000
         again = False
         while True:
             if not again:
-                await asyncio.sleep(self.compaction_interval_ms / 1000)
+                await asyncio.sleep(interval_s)
             again = False
-            if self.log is None or self.state != ACTIVE:
+            if self.state != ACTIVE:
                 continue
             try:
-                report = await asyncio.to_thread(
-                    self.log.compact, now_ms(), self.tombstone_retention_ms)
+                report = await asyncio.to_thread(self.store.compact, now_ms())
             except Exception as exc:
                 log.error("compaction failed", partition=self.partition, error=repr(exc))
                 continue
             log.debug("compacted", partition=self.partition, report=str(report))
-            self._bytes_gauge.set(self.log.size_bytes)
+            self._bytes_gauge.set(self.store.size_bytes)
             # The active segment is never compacted: when it is mostly superseded records, roll
             # it (by the consumer, the log's writer) and compact again at once, so the log and
-            # the restart time follow the live state, not the history (issue 11, item 11).
-            if self.state == ACTIVE and report.active_mostly_garbage(
-                    self.roll_min_bytes, self.roll_dirty_percent):
+            # the restart time follow the live state, not the history.
+            if self.state == ACTIVE and self.store.should_roll(report):
                 future = asyncio.get_running_loop().create_future()
                 self._submit(_Event("roll", lambda core: None, future))
                 try:
@@ -907,3 +945,44 @@ class Shard:
                 log.info("rolled a mostly superseded active segment for compaction",
                          partition=self.partition, active_bytes=report.active_bytes,
                          superseded_bytes=report.active_dirty_bytes)
+
+
+class UnownedShard:
+    """The slot of a partition this node does not own (several nodes): everything is answered
+    NOT_COORDINATOR, and it holds no groups."""
+
+    state = UNOWNED
+    durable_offset = None
+    parked_count = 0
+
+    def __init__(self, partition: int, group_config: GroupCoordinatorConfig) -> None:
+        self.partition = partition
+        self.core = GroupCoordinator(group_config)
+
+    def serving(self) -> bool:
+        return False
+
+    def check_available(self) -> None:
+        raise ShardUnavailable(ErrorCode.NOT_COORDINATOR,
+                               f"this node does not own partition {self.partition}")
+
+    def try_steady_heartbeat(self, req: Any, ctx: Any) -> None:
+        return None
+
+    def write(self, fn: Any, error: Any) -> Any:
+        self.check_available()
+
+    def read(self, fn: Any) -> Any:
+        self.check_available()
+
+    def heartbeat(self, req: Any, ctx: Any, error: Any) -> Any:
+        self.check_available()
+
+    def timer_deadlines(self) -> dict[Any, int]:
+        return {}
+
+    async def load(self) -> None:
+        return
+
+    async def close(self) -> None:
+        return

@@ -41,7 +41,7 @@ from coordinator.logs import LogLimiter
 from coordinator.metrics import Metrics
 from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
-from coordinator.runtime.shard import ACTIVE, FAILED, Shard, ShardUnavailable
+from coordinator.runtime.shard import ACTIVE, FAILED, Shard, ShardUnavailable, UnownedShard
 from coordinator.security import ANONYMOUS, CLUSTER_NAME
 from coordinator.security.apis import error_response as security_error_response
 from coordinator.security.listeners import WILDCARDS, describe
@@ -50,6 +50,7 @@ from coordinator.security.service import SecurityService
 from coordinator.security.tls import server_context
 from coordinator.server import kafka_apis
 from coordinator.server.connection import Connection, Served
+from coordinator.store.file import FileStore
 
 log = logs.get("coordinator.server")
 
@@ -472,12 +473,6 @@ class CoordinatorServer:
         """store=etcd: the ClusterNode (coordinator.cluster.node); None on the file store."""
         self.shards: list[Any]
         if config["store"] == "etcd":
-            try:
-                from coordinator.runtime.etcd_shard import UnownedShard
-            except ImportError as exc:
-                raise ConfigError(
-                    f"store=etcd needs the etcd client: pip install 'connect-coordinator[etcd]' "
-                    f"({exc})") from None
             if cluster is None:
                 raise ConfigError("store=etcd needs the cluster node: start the daemon with "
                                   "coordinator.daemon.main_serve")
@@ -485,12 +480,13 @@ class CoordinatorServer:
             self.shards = [UnownedShard(p, group_config) for p in range(config["partitions"])]
         else:
             self.shards = [
-                Shard(p, data_dir, group_config, self.metrics, fsync=config.fsync,
-                      segment_bytes=config["log.segment.bytes"],
-                      compaction_interval_ms=config["log.compaction.interval.ms"],
-                      tombstone_retention_ms=config["log.tombstone.retention.ms"],
-                      roll_min_bytes=config["log.roll.min.bytes"],
-                      roll_dirty_percent=config["log.roll.dirty.percent"])
+                Shard(p, FileStore(data_dir, p, fsync=config.fsync,
+                                   segment_bytes=config["log.segment.bytes"],
+                                   compaction_interval_ms=config["log.compaction.interval.ms"],
+                                   tombstone_retention_ms=config["log.tombstone.retention.ms"],
+                                   roll_min_bytes=config["log.roll.min.bytes"],
+                                   roll_dirty_percent=config["log.roll.dirty.percent"]),
+                      group_config, self.metrics)
                 for p in range(config["partitions"])
             ]
             for shard in self.shards:
@@ -675,7 +671,7 @@ class CoordinatorServer:
         except datadir.BadCheckpoint as exc:
             raise StartupError(str(exc)) from None
         for shard in self.shards:
-            shard.recovery_point = self.recovery_points.get(shard.partition, 0)
+            shard.store.recovery_point = self.recovery_points.get(shard.partition, 0)
         try:
             await self.security_service.start_file(self.data_dir)
         except (OSError, ValueError) as exc:
