@@ -1,9 +1,10 @@
 """A coordinator partition stored in etcd, owned by one node at a time and fenced (issue 12).
 
-With ``store = "etcd"`` the shard runs on this store (:mod:`coordinator.runtime.etcd_shard`) and
-the node (:mod:`coordinator.cluster.node`) acquires and releases partitions with it: ownership by
-lease, fenced write-before-respond commits, bounded batches, and a load that reads only the live
-state. docs/etcd.md has the design and the measurements behind it.
+With ``store = "etcd"`` the shard runs on this store (through
+:class:`coordinator.store.etcd.EtcdStore`, the shard's store interface) and the node
+(:mod:`coordinator.cluster.node`) acquires and releases partitions with it: ownership by lease,
+fenced write-before-respond commits, bounded batches, and a load that reads only the live state.
+docs/etcd.md has the design and the measurements behind it.
 
 Keys (``prefix`` is ``etcd.prefix``, e.g. ``/connect-coordinator``)::
 
@@ -79,7 +80,8 @@ deployment runs etcd with ``--auto-compaction-mode=revision --auto-compaction-re
 :meth:`EtcdPartitionStore.compact_history` lets an owner compact up to the current revision
 (tests, benchmarks, or a deployment that cannot set the flags).
 
-Mapping to ``PartitionLog`` as the shard uses it (coordinator/runtime/shard.py):
+Mapping to ``PartitionLog`` (coordinator/store/file.py and coordinator/store/etcd.py put both
+behind the shard's one store interface, coordinator/store/base.py):
 
 ===================================  =========================================================
 PartitionLog / Shard                 EtcdPartitionStore

@@ -50,7 +50,7 @@ from coordinator.security.service import SecurityService
 from coordinator.security.tls import server_context
 from coordinator.server import kafka_apis
 from coordinator.server.connection import Connection, Served
-from coordinator.store.file import FileStore
+from coordinator.store import partition_store
 
 log = logs.get("coordinator.server")
 
@@ -480,13 +480,7 @@ class CoordinatorServer:
             self.shards = [UnownedShard(p, group_config) for p in range(config["partitions"])]
         else:
             self.shards = [
-                Shard(p, FileStore(data_dir, p, fsync=config.fsync,
-                                   segment_bytes=config["log.segment.bytes"],
-                                   compaction_interval_ms=config["log.compaction.interval.ms"],
-                                   tombstone_retention_ms=config["log.tombstone.retention.ms"],
-                                   roll_min_bytes=config["log.roll.min.bytes"],
-                                   roll_dirty_percent=config["log.roll.dirty.percent"]),
-                      group_config, self.metrics)
+                Shard(p, partition_store(config, p), group_config, self.metrics)
                 for p in range(config["partitions"])
             ]
             for shard in self.shards:
