@@ -12,19 +12,53 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import Any, Protocol, runtime_checkable
 
 from connect_wire.items import Item
 from connect_wire.records import GroupConnectorsKey
+from coordinator.group.coordinator import GroupCoordinator
 from coordinator.group.invariants import InvariantViolation, check_invariants, epochs
 from coordinator.group.model import GroupState
-from worker_client.membership import State
+from worker_client.membership import Membership, State
 
 from .common import GROUP
 
-if TYPE_CHECKING:
-    from .nodes import CoordinatorNode
-    from .worker_model import SimWorker
+
+@runtime_checkable
+class WatchedWorker(Protocol):
+    """A worker process as the checks see it (:class:`~simulation.worker_model.SimWorker` is
+    one): what it runs, its membership, its loop's state and its pauses."""
+
+    name: str
+    slot: int
+    inc: int
+    alive: bool
+    leaving: bool
+    blocked: bool
+    m: Membership
+    runs: dict[Item, Run]
+    pending: deque[Any]
+    acting: Any
+    acting_done: bool
+    pause_began: int
+    pause_lease_expired: bool
+    resumed_at: int
+    zombie_limit: int
+
+    @property
+    def paused(self) -> bool: ...
+    @property
+    def stop_deadline(self) -> int: ...
+
+
+@runtime_checkable
+class CheckedNode(Protocol):
+    """A coordinator node as the checks see it (:class:`~simulation.nodes.CoordinatorNode` is
+    one): its core and the epochs its invariants were last checked against."""
+
+    core: GroupCoordinator
+    epochs: dict[str, Any]
 
 
 # == bookkeeping of running items ====================================================================
@@ -36,7 +70,7 @@ class Run:
 
     __slots__ = ("item", "worker", "start", "up_at", "stop_begin", "end")
 
-    def __init__(self, item: Item, worker: SimWorker, start: int, up_at: int) -> None:
+    def __init__(self, item: Item, worker: WatchedWorker, start: int, up_at: int) -> None:
         self.item = item
         self.worker = worker
         self.start = start
@@ -184,14 +218,14 @@ class Invariants:
 
 
     # -- invariants -----------------------------------------------------------------------------------------
-    def check_coordinator(self, node: CoordinatorNode, wrote: bool) -> None:
+    def check_coordinator(self, node: CheckedNode, wrote: bool) -> None:
         if wrote:
             self._writes += 1
             if self._writes % self._check_every == 0:
                 self._check_core(node)
         self.maybe_converged()
 
-    def _check_core(self, node: CoordinatorNode) -> None:
+    def _check_core(self, node: CheckedNode) -> None:
         try:
             check_invariants(node.core.state, node.epochs)
         except InvariantViolation as exc:
@@ -199,7 +233,7 @@ class Invariants:
             return
         node.epochs = epochs(node.core.state)
 
-    def after_resume(self, w: SimWorker) -> None:
+    def after_resume(self, w: WatchedWorker) -> None:
         """A frozen worker woke up: it must stop what it may no longer run within one watchdog
         period (plus a round trip: the stale answer it finds in its socket first)."""
         self.at(self.now + self.zombie_grace, self._zombie_check, w, w.inc)
@@ -210,7 +244,7 @@ class Invariants:
         w.zombie_limit = max(self.now, lease_end + w.stop_deadline)
         self.at(w.zombie_limit + 1, self._zombie_limit_check, w, w.zombie_limit)
 
-    def _zombie_limit_check(self, w: SimWorker, limit: int) -> None:
+    def _zombie_limit_check(self, w: WatchedWorker, limit: int) -> None:
         if w.paused or w.zombie_limit != limit:
             return  # frozen again: its next wake-up sets the limit anew
         for ov in self.overlaps:
@@ -222,7 +256,7 @@ class Invariants:
                              f"t={ov.at}")
                 return
 
-    def _zombie_check(self, w: SimWorker, inc: int) -> None:
+    def _zombie_check(self, w: WatchedWorker, inc: int) -> None:
         for ov in self.overlaps:
             if ov.excused and ov.old.worker is w and ov.old.stop_begin is None and inc == w.inc and w.alive:
                 if w.paused:
@@ -231,7 +265,7 @@ class Invariants:
                              f"{ov.new.worker.name} runs since t={ov.at}: it did not fence itself")
                 return
 
-    def worker_settled(self, w: SimWorker) -> None:
+    def worker_settled(self, w: WatchedWorker) -> None:
         if self.now >= self.faults_end or self.phase == "formation":
             self.maybe_converged()
 
@@ -279,7 +313,7 @@ class Invariants:
         self.converged_at = now
         self.trace("converged", epoch=g.epoch, detail=f"{len(live)} workers, {total} items")
 
-    def _worker_ready(self, w: SimWorker, g: Any) -> bool:
+    def _worker_ready(self, w: WatchedWorker, g: Any) -> bool:
         m = w.m
         return (w.alive and not w.leaving and not w.blocked and (w.acting is None or w.acting_done)
                 and not w.pending and not w.paused and m.state is State.STABLE

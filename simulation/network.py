@@ -11,13 +11,39 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from connect_wire.messages import ConnectGroupHeartbeatRequest
 
-if TYPE_CHECKING:
-    from .nodes import CoordinatorNode
-    from .worker_model import SimWorker
+
+@runtime_checkable
+class NetWorker(Protocol):
+    """A worker process as the network sees it (:class:`~simulation.worker_model.SimWorker` is
+    one): its incarnation and connections, its partition, its process events and what it is told
+    of its connections."""
+
+    name: str
+    inc: int
+    alive: bool
+    coordinator_known: bool
+    part_start: int
+    part_end: int
+    conns: dict[str, Conn | None]
+
+    def at(self, t: int, fn: Callable[..., None], *args: Any, io: bool = False) -> None: ...
+    def fail_conn(self, conn: Conn, why: str) -> None: ...
+    def deliver(self, conn: Conn, pend: Pending, resp: Any) -> None: ...
+    def timeout(self, conn: Conn, pend: Pending) -> None: ...
+
+
+@runtime_checkable
+class NetNode(Protocol):
+    """A coordinator node as the network sees it (:class:`~simulation.nodes.CoordinatorNode` is
+    one): its incarnation and the requests it receives."""
+
+    inc: int
+
+    def receive(self, conn: Conn, pending: Pending) -> None: ...
 
 
 class Pending:
@@ -42,7 +68,7 @@ class Conn:
     __slots__ = ("cid", "worker", "inc", "kind", "state", "node", "coord_inc", "up_last", "down_last",
                  "inflight", "queued")
 
-    def __init__(self, cid: int, worker: SimWorker, kind: str, node: CoordinatorNode) -> None:
+    def __init__(self, cid: int, worker: NetWorker, kind: str, node: NetNode) -> None:
         self.cid = cid
         self.worker = worker
         self.inc = worker.inc
@@ -98,7 +124,7 @@ class Network:
                     out.append(conn)
         return out
 
-    def connect(self, w: SimWorker, kind: str) -> Conn:
+    def connect(self, w: NetWorker, kind: str) -> Conn:
         self._cids += 1
         conn = Conn(self._cids, w, kind, self.coord)
         if self.multi and not w.coordinator_known and self.scenario.find_parallel and w is not self.admin:
@@ -220,7 +246,7 @@ class Network:
             conn.worker.fail_conn(conn, why)
 
     # -- FindCoordinator (several nodes) ---------------------------------------------------------------
-    def _find_parallel(self, w: SimWorker, conn: Conn) -> None:
+    def _find_parallel(self, w: NetWorker, conn: Conn) -> None:
         """CoordinatorClient._find_coordinator since 72dc392, then the connect: every bootstrap
         node is asked at once (:meth:`_find_begin`). A partitioned worker's asks wait for the heal
         (TCP retransmits), within the request timeout, as its other connects do."""

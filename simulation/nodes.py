@@ -17,10 +17,11 @@ etcd's leases and the nodes' processes.
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import (
@@ -40,10 +41,7 @@ from coordinator.runtime.shard import MAX_DRAIN, Shard
 
 from .common import INF
 from .network import Conn, Pending
-
-if TYPE_CHECKING:
-    from .engine import Simulation
-
+from .scenarios import Scenario
 
 TIMER_RETRY_MS = 500
 """A timer whose write failed is tried again this much later (as the shard does)."""
@@ -97,6 +95,42 @@ class Store:
         return True
 
 
+@runtime_checkable
+class NodeHost(Protocol):
+    """What a coordinator node uses of the simulation (:class:`~simulation.engine.Simulation` is
+    one): the clock, the event queue and the coordinator's random stream, the trace and the
+    violations; the network's answers and resets; the store, etcd and the nodes' processes; the
+    checks after each batch."""
+
+    now: int
+    scenario: Scenario
+    rng_coord: random.Random
+    multi: bool
+    stopped: bool
+    store: Store
+    coord: CoordinatorNode
+
+    def at(self, t: int, fn: Callable[..., None], *args: Any) -> None: ...
+    def sample(self, rng: random.Random, r: tuple[int, int]) -> int: ...
+    def generated_id(self) -> str: ...
+    def faulty(self) -> bool: ...
+    def trace(self, kind: str, worker: str = "", item: str = "", epoch: int = -1,
+              detail: str = "") -> None: ...
+    def violate(self, message: str) -> None: ...
+    def all_conns(self) -> list[Conn]: ...
+    def net_response(self, conn: Conn, pend: Pending, resp: Any) -> None: ...
+    def reset_conn(self, conn: Conn, why: str, notify: bool = True,
+                   delay: int | None = None) -> None: ...
+    def store_write(self, node: CoordinatorNode, records: list[Any]) -> bool: ...
+    def etcd_latency(self) -> int: ...
+    def etcd_cut(self, node: CoordinatorNode) -> int: ...
+    def etcd_renew(self, node: CoordinatorNode, sent: int) -> None: ...
+    def freeze_node(self, node: str, until: int) -> None: ...
+    def check_coordinator(self, node: CoordinatorNode, wrote: bool) -> None: ...
+    def check_store(self, where: str) -> None: ...
+    def on_records(self, records: list[Any]) -> None: ...
+
+
 class CoordinatorNode:
     """A model of the daemon's shard around the real GroupCoordinator: the group's partition as
     loaded on one coordinator node (``node``), for one ownership (``token``).
@@ -112,7 +146,7 @@ class CoordinatorNode:
     A frozen node (SIGSTOP) handles nothing: its input waits in its sockets, its timers and the
     batch it was about to commit wait; when it wakes, its input comes first, then its timers."""
 
-    def __init__(self, sim: Simulation, node: str = "n1", token: int = 1,
+    def __init__(self, sim: NodeHost, node: str = "n1", token: int = 1,
                  previous: dict[str, Any] | None = None) -> None:
         self.sim = sim
         self.node = node

@@ -13,9 +13,10 @@ restarted 1-5 s later.
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from connect_wire.errors import ErrorCode as E
 from connect_wire.items import Item
@@ -32,15 +33,48 @@ from worker_client.membership import Assign, AssignorAd, Compute, Fatal, Lost, M
 from .common import GROUP, INF, WATCHDOG_MS
 from .invariants import Run
 from .network import Conn, Pending
-
-if TYPE_CHECKING:
-    from .engine import Simulation
-
+from .scenarios import Scenario
 
 RETRY_COORDINATOR = (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE)
 LEAVE_RETRY = (E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR)
 STOP_POLL_MS = 20
 """worker.stop() polls every 20 ms for the drain to finish."""
+
+
+@runtime_checkable
+class WorkerHost(Protocol):
+    """What a worker process uses of the simulation (:class:`~simulation.engine.Simulation` is
+    one): the clock, the event queue and the workers' random streams, the trace and the
+    violations; the network; the supervisor's restart; the bookkeeping of runs and the checks."""
+
+    now: int
+    scenario: Scenario
+    assignor: str
+    configured: set[Item]
+    rng_work: random.Random
+    rng_client: random.Random
+    rng_supervisor: random.Random
+    computations: int
+    fail_stops: int
+    self_fences: int
+
+    def at(self, t: int, fn: Callable[..., None], *args: Any) -> None: ...
+    def sample(self, rng: random.Random, r: tuple[int, int]) -> int: ...
+    def trace(self, kind: str, worker: str = "", item: str = "", epoch: int = -1,
+              detail: str = "") -> None: ...
+    def violate(self, message: str) -> None: ...
+    def latency(self) -> int: ...
+    def connect(self, w: SimWorker, kind: str) -> Conn: ...
+    def net_request(self, conn: Conn, pend: Pending) -> None: ...
+    def reset_conn(self, conn: Conn, why: str, notify: bool = True,
+                   delay: int | None = None) -> None: ...
+    def restart_worker(self, w: SimWorker) -> None: ...
+    def run_started(self, run: Run) -> None: ...
+    def run_stopped(self, run: Run, stop_begin: int, end: int) -> None: ...
+    def after_resume(self, w: SimWorker) -> None: ...
+    def worker_settled(self, w: SimWorker) -> None: ...
+
+
 class SimWorker:
     """A model of worker_client/worker.py (its structure, step by step) around the real
     Membership and assignor.
@@ -69,7 +103,7 @@ class SimWorker:
       leaves.
     """
 
-    def __init__(self, sim: Simulation, slot: int) -> None:
+    def __init__(self, sim: WorkerHost, slot: int) -> None:
         self.sim = sim
         self.slot = slot
         self.name = f"w{slot:03d}"
