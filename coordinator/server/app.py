@@ -50,6 +50,7 @@ from coordinator.security.service import SecurityService
 from coordinator.security.tls import server_context
 from coordinator.server import kafka_apis
 from coordinator.server.connection import Connection, Served
+from coordinator.server.heap import HeapTrimmer
 from coordinator.store import partition_store
 
 log = logs.get("coordinator.server")
@@ -61,6 +62,7 @@ class StartupError(Exception):
 
 _HEARTBEAT = int(ApiKey.CONNECT_GROUP_HEARTBEAT)
 LOOP_LAG_PROBE_S = 0.1
+HEAP_TRIM_INTERVAL_S = 2.0  # malloc_trim at most this often, while TLS connections come and go
 DENIAL_LOG_INTERVAL_S = 10.0  # an authorization denial is logged once per this per principal,
 DENIAL_LOG_KEYS = 10_000  # API and resource (the keys remembered: forgotten all at once past it)
 LOG_LINES_PER_INTERVAL = 20  # lines of one such kind per interval, every key together
@@ -455,6 +457,9 @@ class CoordinatorServer:
         self.auth_failure_delay_s = config["connection.failed.authentication.delay.ms"] / 1000
         self.auth_timeout_s = config["sasl.authentication.timeout.ms"] / 1000
         self.ssl_handshake_timeout_s = config["ssl.handshake.timeout.ms"] / 1000
+        # The C heap's free pages go back to the system after TLS connections end (glibc keeps
+        # what their buffers freed: waves of TLS connections ratcheted the RSS).
+        self.heap = HeapTrimmer(HEAP_TRIM_INTERVAL_S, self.ssl_handshake_timeout_s)
         self._auth_failures_logged = LogLimiter(AUTH_FAILURE_LOG_INTERVAL_S,
                                                 LOG_LINES_PER_INTERVAL, DENIAL_LOG_KEYS)
         self._closes_logged = LogLimiter(AUTH_FAILURE_LOG_INTERVAL_S, LOG_LINES_PER_INTERVAL,
@@ -644,6 +649,7 @@ class CoordinatorServer:
     async def _reap_idle(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self.idle_timeout_s / 4))
+            self.heap.maybe_trim(time.monotonic())
             for conn in list(self.connections):
                 if conn.idle_for > self.idle_timeout_s:
                     log.info("closing idle connection", peer=conn.peer)
@@ -686,6 +692,11 @@ class CoordinatorServer:
         self._reaper = asyncio.create_task(self._reap_idle())
         self._lag_probe = asyncio.create_task(self._probe_loop_lag())
 
+    def _connection(self, served: Served) -> Connection:
+        if served.ssl is not None:  # (made at accept, before the TLS handshake)
+            self.heap.churn(time.monotonic())
+        return Connection(self, served)
+
     async def _listen(self, serve: bool = True) -> None:
         """Bind every listener (and the metrics endpoint); accept connections at once, or with
         ``serve=False`` only at :meth:`_start_serving` (bound, so the address is known)."""
@@ -694,7 +705,7 @@ class CoordinatorServer:
             served = self.served[spec.name]
             try:
                 server = await loop.create_server(
-                    lambda served=served: Connection(self, served), spec.host, spec.port,  # type: ignore[misc]
+                    lambda served=served: self._connection(served), spec.host, spec.port,  # type: ignore[misc]
                     reuse_address=True, ssl=served.ssl, start_serving=serve,
                     **({"ssl_handshake_timeout": self.ssl_handshake_timeout_s}
                        if served.ssl is not None else {}))

@@ -324,6 +324,8 @@ class Connection(asyncio.Protocol):
         # (a later _flush or _forget must not give them back twice).
         self.pending.clear()
         server.unregister(self)
+        if self.listener.ssl is not None:
+            server.heap.churn(time.monotonic())
         if server.over_budget:
             server.check_budget()
 
