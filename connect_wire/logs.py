@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 import orjson
 import structlog
@@ -89,6 +90,31 @@ def _route_stdlib(format: str, level: str, shared: list[structlog.types.Processo
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(LEVELS[level])
+    # Python's own plain-text writers: warnings (``path:line: UserWarning: ...``) go to the
+    # "py.warnings" logger, and an exception that ends a thread (a plugin's, a library's) or
+    # that nothing can raise (``__del__``, a callback) becomes one line with its traceback.
+    logging.captureWarnings(True)
+    threading.excepthook = _thread_exception
+    sys.unraisablehook = _unraisable
+
+
+def _thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:  # as Python's own hook: a thread's sys.exit() is quiet
+        return
+    thread = args.thread.name if args.thread is not None else None
+    structlog.get_logger("threading").error(
+        "uncaught exception in a thread", thread=thread,
+        exc_info=(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback))
+
+
+def _unraisable(args: object) -> None:
+    exc_type = getattr(args, "exc_type", None)
+    value = getattr(args, "exc_value", None)
+    info = (exc_type, value or exc_type(), getattr(args, "exc_traceback", None)) \
+        if exc_type is not None else None
+    structlog.get_logger("unraisable").error(
+        "exception ignored", message=getattr(args, "err_msg", None) or "Exception ignored in",
+        object=repr(getattr(args, "object", None))[:200], exc_info=info)
 
 
 def get(name: str) -> structlog.stdlib.BoundLogger:
