@@ -19,6 +19,18 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNI
 
 FORMAT = "json"
 """The format :func:`configure` set (for lines written without structlog: :func:`emergency`)."""
+_configured = False
+
+
+def exit_line(text: str) -> None:
+    """A process's last word, why it ends (refused credentials, a configuration error, a port
+    in use): the text as is under the console format (or before :func:`configure`), one JSON
+    line (``event`` the text, level error) under the JSON format, so that a log pipeline reading
+    the process's stderr parses every line of it."""
+    if _configured and FORMAT == "json":
+        structlog.get_logger("exit").error(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
 
 
 def emergency(event: str, level: str = "critical", **fields: object) -> None:
@@ -46,8 +58,9 @@ def emergency(event: str, level: str = "critical", **fields: object) -> None:
 
 
 def configure(format: str = "json", level: str = "info", **context: str) -> None:
-    global FORMAT
+    global FORMAT, _configured
     FORMAT = format
+    _configured = True
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

@@ -1,7 +1,7 @@
 """The daemon process behind ``connect-coordinator serve``: the server
 (:mod:`coordinator.server.app`) with, on ``store=etcd``, its cluster node
 (:mod:`coordinator.cluster.node`), run until SIGTERM or SIGINT; what keeps it from starting is
-printed as one line and an exit code (2: the configuration or another process is in the way;
+written as one line (JSON under the JSON log format) and an exit code (2: the configuration or another process is in the way;
 1: anything else).
 
 The wiring is here, above both: the cluster node drives the server's shards, so the server is
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 
 from coordinator import logs
 from coordinator.config import ServerConfig
@@ -52,18 +51,18 @@ def main_serve(config: ServerConfig) -> int:
     try:
         asyncio.run(run(config, cluster=cluster_node(config)))
     except ConfigError as exc:  # e.g. a --partitions that does not match the data dir
-        print(f"connect-coordinator: configuration error: {exc}", file=sys.stderr)
+        logs.exit_line(f"connect-coordinator: configuration error: {exc}")
         return 2
     except NodeIdTaken as exc:  # store=etcd: another live node has this node.id
-        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
+        logs.exit_line(f"connect-coordinator: cannot start: {exc}")
         return 2
     except datadir.DataDirLocked as exc:  # another daemon holds the data dir
-        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
+        logs.exit_line(f"connect-coordinator: cannot start: {exc}")
         return 2
     except StartupError as exc:  # e.g. every partition failed to load
-        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
+        logs.exit_line(f"connect-coordinator: cannot start: {exc}")
         return 1
     except OSError as exc:
-        print(f"connect-coordinator: cannot start: {exc}", file=sys.stderr)
+        logs.exit_line(f"connect-coordinator: cannot start: {exc}")
         return 1
     return 0

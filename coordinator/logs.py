@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable
 
-from connect_wire.logs import LEVELS, configure, get
+from connect_wire.logs import LEVELS, configure, exit_line, get
 
-__all__ = ["LEVELS", "LogLimiter", "configure", "get"]
+__all__ = ["LEVELS", "LogLimiter", "configure", "exit_line", "get"]
 
 
 class LogLimiter:

@@ -201,6 +201,13 @@ def run_serve(data_dir: Path | str, extra_args: Sequence[str] = (),
                           timeout=timeout_s, check=False)
 
 
+def stderr_events(text: str) -> list[str]:
+    """The ``event`` of each stderr line of a process logging JSON (each line must parse: a
+    worker's or daemon's last line, why it ends, is JSON too)."""
+    import json
+    return [json.loads(line)["event"] for line in text.strip().splitlines()]
+
+
 def run_cli(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
     """``connect-coordinator ARGS`` as a subprocess (admin commands)."""
     return subprocess.run([sys.executable, "-m", "coordinator.cli", *args], stdin=subprocess.DEVNULL,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from connect_wire.cliutil import version
-from tests.daemon_fixture import ROOT, DaemonPool, daemon_env, run_serve
+from tests.daemon_fixture import ROOT, DaemonPool, daemon_env, run_serve, stderr_events
 
 
 def _run(*args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -81,7 +81,7 @@ def test_worker_busy_metrics_port_is_one_line_naming_it() -> None:
         r = worker("run", "--bootstrap", "127.0.0.1:1", "--group", "g",
                    "--metrics-listen", f"127.0.0.1:{port}", "--log-level", "warning")
     assert r.returncode == 2, r
-    assert r.stderr.strip().splitlines() == [
+    assert stderr_events(r.stderr) == [
         f"connect-worker: cannot serve metrics on 127.0.0.1:{port} (--metrics-listen): "
         "Address already in use"], r.stderr
 

@@ -35,7 +35,7 @@ from connect_wire.client_security import (
 )
 from coordinator.admin import AdminClient, AdminSession
 from coordinator.server.kafka_apis import build
-from tests.daemon_fixture import ROOT, daemon_env
+from tests.daemon_fixture import ROOT, daemon_env, stderr_events
 from tests.sasl_server import SaslNode
 from tests.tls_fixture import TlsFiles, make_ca, tls_ca  # noqa: F401 - the fixture
 from worker_client.client import ConnectionFailed, CoordinatorClient, KrpcConnection
@@ -474,7 +474,7 @@ def test_connect_worker_exits_4_with_one_line(nodes: list[SaslNode], tls_ca: Tls
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env=cli_env(**{cs.PASSWORD_ENV: "wrong"}))
     assert proc.returncode == 4, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
+    last = stderr_events(proc.stderr)[-1]
     assert last.startswith("connect-worker: authentication failed: SASL_AUTHENTICATION_FAILED: "
                            f"127.0.0.1:{n.port}: Authentication failed"), last
     # The right password (from the environment): it joins and stops cleanly on SIGTERM.
@@ -492,8 +492,8 @@ def test_connect_worker_exits_4_with_one_line(nodes: list[SaslNode], tls_ca: Tls
     bad = subprocess.run([*cmd[:-2], "--security-protocol", "SASL_SSL"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT, env=cli_env())
     assert bad.returncode == 2
-    assert bad.stderr.strip() == ("connect-worker: configuration error: security.protocol "
-                                  "SASL_SSL needs sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+    assert stderr_events(bad.stderr) == ["connect-worker: configuration error: security.protocol "
+                                  "SASL_SSL needs sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)"]
 
 
 def test_connect_worker_without_the_client_certificate_exits_4(nodes: list[SaslNode],
@@ -505,7 +505,7 @@ def test_connect_worker_without_the_client_certificate_exits_4(nodes: list[SaslN
          "--security-protocol", "SSL", "--ssl-cafile", str(tls_ca.ca.cert)],
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=cli_env())
     assert proc.returncode == 4, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(
+    assert stderr_events(proc.stderr)[-1].startswith(
         f"connect-worker: authentication failed: TLS: 127.0.0.1:{n.port}: ")
 
 
@@ -519,7 +519,7 @@ def test_connect_worker_not_authorized_exits_4(nodes: list[SaslNode], tmp_path: 
          "--sasl-username", "bob", "--sasl-password-file", str(pw)],
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=cli_env())
     assert proc.returncode == 4, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
+    assert stderr_events(proc.stderr)[-1] == (
         "connect-worker: not authorized: GROUP_AUTHORIZATION_FAILED: Not authorized: User:bob "
         "(the principal needs READ on group g)")
 

@@ -22,7 +22,7 @@ import pytest
 from connect_wire.apis import ApiKey
 from connect_wire.messages import ConnectGroupAlterConnectorsRequest
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
-from tests.daemon_fixture import ROOT, daemon_env, run_cli
+from tests.daemon_fixture import ROOT, daemon_env, run_cli, stderr_events
 from tests.secure_server import InProcess, Raw
 from worker_client.config_providers import ConfigProviderError, ConfigProviders
 
@@ -77,8 +77,8 @@ def test_unknown_provider_names_are_refused() -> None:
                           "127.0.0.1:1", "--group", "g", "--config-providers", "vault"],
                          capture_output=True, text=True, cwd=ROOT, env=daemon_env(), timeout=60)
     assert bad.returncode == 2
-    assert bad.stderr == ("connect-worker: --config-providers: unknown config provider vault "
-                          "(one of file, directory, env)\n")
+    assert stderr_events(bad.stderr) == ["connect-worker: --config-providers: unknown config "
+                                         "provider vault (one of file, directory, env)"]
 
 
 def test_a_worker_resolves_secrets_the_coordinator_never_sees(tmp_path: Path) -> None:

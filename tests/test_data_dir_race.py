@@ -24,7 +24,7 @@ from connect_wire.messages import ConnectGroupAlterConnectorsRequest, ConnectGro
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
 from coordinator.admin import AdminClient, AdminError
 from coordinator.runtime.partitioner import partition_for
-from tests.daemon_fixture import BANNER, daemon_env, serve_command
+from tests.daemon_fixture import BANNER, daemon_env, serve_command, stderr_events
 
 PARTITIONS = 2
 ENV = {"CONNECT_COORDINATOR_LOG_RECOVERY_POINT_INTERVAL_MS": "20",
@@ -72,7 +72,7 @@ def race(data: Path, tag: str) -> tuple[Proc, re.Match[str]]:
 def assert_refused(loser: Proc, data: Path, winner: Proc) -> None:
     assert loser.proc.wait(10) == 2, loser.stderr()[-2000:]
     assert loser.banner() is None
-    (line,) = [x for x in loser.stderr().splitlines() if not x.startswith("{")]
+    (line,) = [x for x in stderr_events(loser.stderr()) if x.startswith("connect-coordinator:")]
     assert str(data) in line and f"pid {winner.proc.pid}" in line, line
 
 

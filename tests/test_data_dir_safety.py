@@ -29,7 +29,7 @@ from connect_wire.messages import connect_group_alter_connectors_request_v0 as _
 from coordinator.admin import AdminClient
 from coordinator.runtime.log import partition_dir
 from coordinator.runtime.partitioner import partition_for
-from tests.daemon_fixture import Daemon, DaemonPool, run_serve
+from tests.daemon_fixture import Daemon, DaemonPool, run_serve, stderr_events
 
 PARTITIONS = 2
 ARGS = ["--partitions", str(PARTITIONS)]
@@ -118,8 +118,8 @@ def test_second_daemon_on_the_same_data_dir_refuses_to_start(pool: DaemonPool, t
         pytest.fail("a second daemon started on a data dir another daemon holds")
     assert second.returncode == 2, (second.returncode, second.stdout, second.stderr)
     assert "listening" not in second.stdout
-    lines = [line for line in second.stderr.strip().splitlines() if not line.startswith("{")]
-    assert len(lines) == 1, second.stderr  # one line (besides the JSON log lines)
+    lines = [e for e in stderr_events(second.stderr) if e.startswith("connect-coordinator:")]
+    assert len(lines) == 1, second.stderr  # one line saying why (besides the other log lines)
     assert str(data) in lines[0] and f"pid {first.proc.pid}" in lines[0], lines[0]
     # The holder is untouched and keeps serving its writes.
     assert first.alive()

@@ -88,3 +88,36 @@ def test_every_worker_stderr_line_is_json_including_a_plugins_warnings_and_threa
     for said in ("plugin stdlib line", "plugin user warning", "plugin thread died",
                  "plugin-thread", "ZeroDivisionError"):
         assert said in events, (said, text[-3000:])
+
+
+def _exit_lines(stderr: str) -> list[str]:
+    """Every line of ``stderr`` parsed as JSON (one that is not fails the test): their events."""
+    return [json.loads(line)["event"] for line in stderr.splitlines()]
+
+
+# The last line of a worker or a daemon that ends (a refused setting or credentials, a port in
+# use) was plain text ("connect-worker: ...") after the JSON lines, under the JSON format too.
+def test_the_line_saying_why_a_worker_or_a_daemon_ends_is_json_too(tmp_path: Path) -> None:
+    bad = subprocess.run(
+        [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", "127.0.0.1:9",
+         "--group", "g", "--config-providers", "vault"],
+        capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
+    assert bad.returncode == 2
+    assert _exit_lines(bad.stderr) == [
+        "connect-worker: --config-providers: unknown config provider vault (one of file, "
+        "directory, env)"], bad.stderr
+    console = subprocess.run(
+        [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", "127.0.0.1:9",
+         "--group", "g", "--config-providers", "vault", "--log-format", "console"],
+        capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
+    assert console.stderr.startswith("connect-worker: --config-providers: unknown"), console.stderr
+    with DaemonPool(tmp_path) as pool:
+        d = pool.start(tmp_path / "data")
+        taken = subprocess.run(
+            [sys.executable, "-m", "coordinator.cli", "serve", "--listen", d.bootstrap,
+             "--metrics-listen", "off", "--data-dir", str(tmp_path / "other")],
+            capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
+    assert taken.returncode == 1, taken.stderr
+    events = _exit_lines(taken.stderr)
+    assert events[-1].startswith(f"connect-coordinator: cannot start: cannot listen on "
+                                 f"{d.bootstrap}"), taken.stderr

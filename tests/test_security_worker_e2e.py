@@ -29,7 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from connect_wire import client_security as cs
-from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli
+from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli, stderr_events
 from tests.tls_fixture import TlsFiles, make_ca, tls_ca  # noqa: F401 - the fixture
 
 GROUP = "orders"
@@ -131,7 +131,7 @@ def test_workers_over_sasl_ssl_with_scram_sha_512(pool: DaemonPool, tls_ca: TlsF
             cwd=ROOT)
 
     def last_line(name: str) -> str:
-        return (tmp_path / f"{name}.log").read_text().strip().splitlines()[-1]
+        return stderr_events((tmp_path / f"{name}.log").read_text())[-1]
 
     w1 = worker("w1", props, password="worker-secret")
     w2 = worker("w2", toml)

@@ -146,14 +146,14 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         security = client_security.from_args(args)
     except client_security.SecurityConfigError as exc:
-        print(f"connect-worker: configuration error: {exc}", file=sys.stderr)
+        logs.exit_line(f"connect-worker: configuration error: {exc}")
         return 2
     from worker_client.config_providers import ConfigProviders
     try:
         providers = ConfigProviders(args.config_providers.split(","),
                                     args.config_providers_allowed_paths.split(","))
     except ValueError as exc:
-        print(f"connect-worker: --config-providers: {exc}", file=sys.stderr)
+        logs.exit_line(f"connect-worker: --config-providers: {exc}")
         return 2
     config = WorkerConfig(
         bootstrap=list(dict.fromkeys(a for group in args.bootstrap for a in group)),
@@ -168,7 +168,7 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         worker = Worker(config)
     except ValueError as exc:
-        print(f"connect-worker: {exc}", file=sys.stderr)
+        logs.exit_line(f"connect-worker: {exc}")
         return 2
     if args.metrics_listen:
         host, port = args.metrics_listen
@@ -176,8 +176,8 @@ async def _run(args: argparse.Namespace) -> int:
             start_http_server(port, host, registry=worker.metrics.registry)
         except OSError as exc:  # a busy port: one line naming it, not a traceback (issue 14)
             where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            print(f"connect-worker: cannot serve metrics on {where} (--metrics-listen): "
-                  f"{exc.strerror or exc}", file=sys.stderr)
+            logs.exit_line(f"connect-worker: cannot serve metrics on {where} (--metrics-listen): "
+                           f"{exc.strerror or exc}")
             return 2
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -192,14 +192,14 @@ async def _run(args: argparse.Namespace) -> int:
         try:
             runner.result()
         except WorkerFailStopped as exc:  # (the fail-stop action ends the process first)
-            print(f"connect-worker: {exc}", file=sys.stderr)
+            logs.exit_line(f"connect-worker: {exc}")
             os._exit(FAIL_STOP_EXIT)
         except WorkerSecurityFailed as exc:
             what = ("not authorized" if exc.code in (30, 31) else "authentication failed")
-            print(f"connect-worker: {what}: {exc}", file=sys.stderr)
+            logs.exit_line(f"connect-worker: {what}: {exc}")
             return SECURITY_EXIT
         except WorkerFailed as exc:
-            print(f"connect-worker: {exc}", file=sys.stderr)
+            logs.exit_line(f"connect-worker: {exc}")
             return 1
         return 0
     await worker.stop(static=False if args.leave else None)

@@ -2,6 +2,6 @@
 (the layer below both; the worker client does not depend on the coordinator, nor the
 coordinator on the worker client)."""
 
-from connect_wire.logs import LEVELS, configure, emergency, get
+from connect_wire.logs import LEVELS, configure, emergency, exit_line, get
 
-__all__ = ["LEVELS", "configure", "emergency", "get"]
+__all__ = ["LEVELS", "configure", "emergency", "exit_line", "get"]
