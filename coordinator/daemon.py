@@ -1,8 +1,8 @@
 """The daemon process behind ``connect-coordinator serve``: the server
 (:mod:`coordinator.server.app`) with, on ``store=etcd``, its cluster node
 (:mod:`coordinator.cluster.node`), run until SIGTERM or SIGINT; what keeps it from starting is
-written as one line (JSON under the JSON log format) and an exit code (2: the configuration or another process is in the way;
-1: anything else).
+written as one line (JSON under the JSON log format) and an exit code (2: the configuration or
+another process is in the way; 1: anything else).
 
 The wiring is here, above both: the cluster node drives the server's shards, so the server is
 handed the node's constructor rather than importing it (docs/architecture.md, "The one direction
