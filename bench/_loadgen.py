@@ -6,7 +6,7 @@ duration_s, check (decode a sample of responses and count errors: on for the coo
 Several servers/groups at once: ``targets``, a list of {host, port, group, members,
 connections}, instead of the first five (``bench/cluster.py``: each group at its node).
 ``tls`` ({"cafile": PATH}) and ``sasl`` ({"mechanism", "user", "password"}): connect with TLS
-and/or authenticate each connection with SCRAM first (``bench/_security_load.py``; issue 13).
+and/or authenticate each connection with SCRAM first (``bench/_security_load.py``).
 ``announce``: print ``measuring`` when the measured window opens and ``measured`` when it
 closes (a caller samples the servers' CPU time then). The result includes the generator's own
 CPU seconds in the window (``cpu_seconds``).

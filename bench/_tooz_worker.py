@@ -1,5 +1,5 @@
 """A peer worker written the way a tooz user would: one process of the ``python -m bench peers``
-comparison (issue 7.5). Private (``_``): started by ``bench/peers.py``, not a benchmark.
+comparison. Private (``_``): started by ``bench/peers.py``, not a benchmark.
 
     python -m bench._tooz_worker --url redis://127.0.0.1:PORT?membership_timeout=3 \\
         --group G --member-id w1-r0 --name w1 --tasks 16 --prefix job --poll 1.0 --record FILE

@@ -1,4 +1,4 @@
-"""Several coordinator nodes on etcd (issue 12, item 7): failover, commit, 2 nodes vs 1, partition load.
+"""Several coordinator nodes on etcd: failover, commit, 2 nodes vs 1, partition load.
 
 ``python -m bench cluster [--quick] [--partitions 8] [--groups 24] [--members 5] [--kills 6]
 [--terms 3] [--repeat 3] [--duration 3] [--warmup 0.5] [--commit-clients 32] [--hb-members 400]
@@ -23,7 +23,7 @@ groups. Four measurements, in one run:
    nodes) names another node and that node answers ConnectGroupDescribe with error 0 (each
    group polled every 10 ms); per kill the max and p50 over its groups, and from the new
    owners' logs when their loads began (``partition loaded``: its time minus its
-   ``seconds``) and how long they took. The goal (issue 12): under the lease TTL + 1 s. The
+   ``seconds``) and how long they took. The goal: under the lease TTL + 1 s. The
    killed node is started again (same id and port) and the placement settles before the next
    round. Then ``--terms`` times the same with SIGTERM (graceful handover): per group, the
    window between its last answer before the handover and its first answer at the new owner

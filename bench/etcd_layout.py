@@ -1,4 +1,4 @@
-"""etcd storage layout for a coordinator partition (issue 12): records as keys vs batches + snapshots.
+"""etcd storage layout for a coordinator partition: records as keys vs batches + snapshots.
 
 ``python -m bench etcd-layout [--partitions 8] [--commits 2400] [--batch 16] [--groups 40]
 [--members 10] [--load-groups 500] [--snapshot-every 200] [--repeat 1] [--output PATH]``

@@ -24,8 +24,8 @@ Then ``churn``: the same live state (``--groups`` groups of ``--members``) writt
 ``--churn-rounds`` rebalance rounds and with 10x as many, each log maintained as the daemon
 does (every ``MAINTAIN_EVERY`` records, standing in for ``log.compaction.interval.ms``, and
 once at the end: compact; if the active segment is mostly superseded, roll it and compact
-again), then replayed as above: restart time must follow the live state, not the history
-(issue 11, item 11). Printed side by side with the ratios 10x/1x.
+again), then replayed as above: restart time must follow the live state, not the history.
+Printed side by side with the ratios 10x/1x.
 
 The last line is the headline: records replayed per second (in-process) at the largest size
 (target >= 300,000/s), and the daemon's time to answer at the size holding ``--groups`` groups.
@@ -117,7 +117,7 @@ ROLL_DIRTY_PERCENT = 50
 
 def maintain(log: PartitionLog, roll: bool = True) -> None:
     """What the daemon's compaction loop does: compact; roll a mostly superseded active segment
-    and compact again (``roll=False``: compaction alone, as before issue 11, item 11)."""
+    and compact again (``roll=False``: compaction alone, as before active segments were rolled)."""
     report = log.compact(time.time_ns() // 1_000_000, 24 * 3600 * 1000)
     if roll and report.active_mostly_garbage(ROLL_MIN_BYTES, ROLL_DIRTY_PERCENT) and log.roll():
         log.compact(time.time_ns() // 1_000_000, 24 * 3600 * 1000)

@@ -1,5 +1,4 @@
-"""Security: the cost of TLS and SASL/SCRAM, side by side with plaintext in one run (issue 13,
-item 7).
+"""Security: the cost of TLS and SASL/SCRAM, side by side with plaintext in one run.
 
 ``python -m bench security [--members N] [--connections C] [--workers W] [--repeat N]
 [--duration S] [--warmup S] [--output PATH]``

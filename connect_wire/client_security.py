@@ -1,4 +1,4 @@
-"""Kafka's client security, as our clients speak it (issue 13): the worker (``connect-worker``,
+"""Kafka's client security, as our clients speak it: the worker (``connect-worker``,
 :mod:`worker_client.client`) and the admin CLI (:mod:`coordinator.admin`) both use this module.
 
 Settings (Kafka's client names; docs/security.md, "Clients"):

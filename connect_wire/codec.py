@@ -8,7 +8,7 @@ fields carry ``kafka_type``/``tag`` metadata; see ``tools/codegen.py``). kio ser
 * **Decoding** walks the entity's schema (its dataclass field metadata) in Python and reads
   every value with kio's native (Rust) *primitive* readers. kio's whole-entity native reader is
   not used for untrusted bytes, for three reasons found by the tests: it raises ``KeyError`` on
-  a tagged field it does not know (Kafka's rule, and PROTOCOL.md's, is to skip it, so that a
+  a tagged field it does not know (Kafka's rule, and docs/protocol.md's, is to skip it, so that a
   newer peer never breaks an older one); it returns None for a null array in a non-nullable
   field; and it reserves memory for a declared array length before reading any item, so a
   22-byte frame declaring 2**32-1 items aborts the whole process. The walker skips unknown

@@ -2,7 +2,7 @@
 
 Kafka's errors keep Kafka's numbers and Kafka's "retriable" flags (the test suite cross-checks
 every code below 10000 against kio's copy of Kafka's table). Errors Kafka lacks take numbers
-from 10000 up and are documented here and in PROTOCOL.md, nowhere else.
+from 10000 up and are documented here and in docs/protocol.md, nowhere else.
 
 On the wire an error code is a plain int16. Decoders must keep it as an ``int`` (a peer may send
 a code this table does not know); use :func:`error_name`, :func:`is_retriable` and

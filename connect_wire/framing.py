@@ -12,7 +12,7 @@ This module owns the bytes *around* a message body; it knows nothing about API b
   (and nothing is pre-allocated from a declared size), so a peer cannot make us hold more
   than ``max_frame_size + 4`` bytes for a partial frame. A bad size (too large or negative)
   raises one :class:`FramingError` and kills the decoder: every later call raises the same
-  error, and the caller closes the connection (PROTOCOL.md, "Transport"). Frames completed
+  error, and the caller closes the connection (docs/protocol.md, "Transport"). Frames completed
   earlier in the same ``feed()`` call are dropped with the connection. The decoder never keeps
   a reference to the caller's buffer, so a reused ``memoryview`` is safe to pass.
 
@@ -23,7 +23,7 @@ This module owns the bytes *around* a message body; it knows nothing about API b
   Response header v1 is correlation_id and tagged fields; v0 is correlation_id alone (Kafka
   uses v0 for non-flexible responses and for *every* ApiVersions response). Encoding and
   decoding use kio's header classes. kio's native reader raises ``KeyError`` on a tagged field
-  it does not know, but Kafka's rule (and PROTOCOL.md) is to skip unknown tags, and the
+  it does not know, but Kafka's rule (and docs/protocol.md) is to skip unknown tags, and the
   headers define no tags at all, so on ``KeyError`` the header is re-read without its tagged
   section (the v1 / v0 layout) and the tagged section is skipped with kio's varint reader.
 

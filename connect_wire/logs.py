@@ -1,7 +1,7 @@
 """Structured logs (structlog; JSON lines or console), shared by the worker and the daemon.
 
 It lives in ``connect_wire``, the layer both build on: the worker client must not depend on the
-coordinator, nor the coordinator on the worker client (issue 14). ``worker_client.logs`` and
+coordinator, nor the coordinator on the worker client. ``worker_client.logs`` and
 ``coordinator.logs`` re-export it."""
 
 from __future__ import annotations

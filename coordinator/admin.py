@@ -9,7 +9,7 @@
   COORDINATOR_LOAD_IN_PROGRESS (same node) under a bounded backoff, until the session's timeout.
   :meth:`AdminSession.list_groups` asks every node Metadata lists and merges their answers.
 
-Security (issue 13, :mod:`connect_wire.client_security`): given a :class:`ClientSecurity`, every
+Security (:mod:`connect_wire.client_security`): given a :class:`ClientSecurity`, every
 connection (bootstrap, FindCoordinator's node, each node of ``groups list``) is opened with TLS
 when the protocol says so and authenticated (ApiVersions, SaslHandshake, SaslAuthenticate)
 before its first request, and authenticated again before the session lifetime the server gave
@@ -315,7 +315,7 @@ class AdminSession:
         if not bootstrap:
             raise ValueError("at least one bootstrap address is needed")
         self.bootstrap = list(bootstrap)
-        # Security (issue 13): the TLS context (CA and client certificate files) is loaded
+        # Security: the TLS context (CA and client certificate files) is loaded
         # once, here (SecurityConfigError if it cannot be).
         self.security = security
         self.ssl_context = security.ssl_context() if security is not None else None
@@ -424,7 +424,7 @@ class AdminSession:
                 refused = CoordinatorError(int(c.error_code), c.error_message)
                 if refused.code in REDISCOVER:
                     # That node does not know the owner now (e.g. it is cut off from etcd, or
-                    # the partition is moving): another node may (issue 12).
+                    # the partition is moving): another node may.
                     continue
                 raise refused
             return c.host, int(c.port)

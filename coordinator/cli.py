@@ -19,7 +19,7 @@ Admin commands take ``--bootstrap HOST:PORT[,HOST:PORT...]`` (repeatable; defaul
 FindCoordinator names for it. An error from the coordinator prints its protocol name and message
 and exits 1, as does no address answering; a usage error (a bad address included) exits 2.
 
-They also take Kafka's client security settings (issue 13): ``--command-config FILE`` (a
+They also take Kafka's client security settings: ``--command-config FILE`` (a
 properties or TOML file, as Kafka's tools) and ``--security-protocol``, ``--sasl-mechanism``,
 ``--sasl-username``, ``--sasl-password-file`` (or ``$CONNECT_SASL_PASSWORD``), ``--ssl-cafile``,
 ``--ssl-certfile``, ``--ssl-keyfile``, ``--ssl-check-hostname`` (connect_wire.client_security,
@@ -173,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
     de.add_argument("--group", required=True)
     de.add_argument("name", help="connector name")
     de.add_argument("--json", action="store_true", help="machine-readable output")
-    # Connect's verbs (issue 14): durable, as reserved config keys (connect_wire.verbs).
+    # Connect's verbs: durable, as reserved config keys (connect_wire.verbs).
     for action, text in (
             ("restart", "restart a connector and all its tasks (--task N: only that task) where "
                         "they run"),
@@ -242,7 +242,7 @@ def _until(ms: int, now_ms: int) -> str:
 
 def _connector_dict(c: Any) -> dict[str, Any]:
     """A connector as stored (``config``: every key, the verbs' reserved ones too) and its
-    verbs' state (issue 14, connect_wire.verbs): the target state, the restart counters, and
+    verbs' state (connect_wire.verbs): the target state, the restart counters, and
     the config its plugins get."""
     config = {e.name: e.value for e in c.config}
     return {"name": c.name, "tasks": c.task_count, "config": config,
@@ -269,12 +269,12 @@ def _group_dict(g: Any) -> dict[str, Any]:
                                                               *(f"{t.connector}/{t.task}"
                                                                 for t in m.revoking_tasks)],
                      "target": _items(m.target_assignment),
-                     # (issue 14, Status) as the worker last reported them, of what it owns
+                     # (Status) as the worker last reported them, of what it owns
                      "instances": [{"item": _item_name(s.connector, s.task), "state": s.state,
                                     "error": s.error_message, "trace": s.trace}
                                    for s in m.instance_states]}
                     for m in g.members],
-        # Items held for fenced members (issue 14): nobody runs them until the hold ends.
+        # Items held for fenced members: nobody runs them until the hold ends.
         "holds": [{"member_id": h.member_id, "instance_id": h.instance_id,
                    "until_ms": h.held_until_ms if h.held_until_ms >= 0 else None,
                    "until": _utc(h.held_until_ms), "items": _items(h.items)}
@@ -378,7 +378,7 @@ def _describe_text(c: dict[str, Any]) -> str:
 
 def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
     with _session(args) as client:
-        if args.action == "status":  # (issue 14, Status)
+        if args.action == "status":  # (Status)
             (g,) = _describe(client, [args.group])
             _check(g.error_code if g.error_code != 10001 else 0, g.error_message)
             st = _status(g, args.name)
@@ -481,7 +481,7 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
     still owns (not whether its plugin runs: a worker restarts a failing instance and keeps it),
     REVOKING what it must give up and has not reported stopped yet. Items held for fenced
     members follow, with the member and when the hold ends. No value prints as Python's
-    None (issue 14): absent is ``-``."""
+    None: absent is ``-``."""
     def text(value: Any) -> str:
         return "-" if value is None or value == "" else str(value)
 
@@ -500,7 +500,7 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
         out.write("  no members\n")
     states = [[m["member_id"], text(m["instance_id"]), i["item"], i["state"], text(i["error"])]
               for m in g["members"] for i in m["instances"]]
-    if states:  # (issue 14: as the workers report them; traces in 'connectors status')
+    if states:  # (as the workers report them; traces in 'connectors status')
         out.write("INSTANCE STATES (as the workers report them):\n")
         out.write(_table(states, ["MEMBER", "WORKER", "ITEM", "STATE", "ERROR"]) + "\n")
     if g["holds"]:

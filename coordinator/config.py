@@ -297,7 +297,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket.idle.timeout.ms", int, 600_000,
             "A connection with no complete request for this long is closed "
             "(also ends slow-loris senders).", _positive),
-    # -- security (issue 13; docs/security.md) ----------------------------------------------------
+    # -- security (docs/security.md) ----------------------------------------------------
     Setting("ssl.certfile", str, "",
             "PEM file of the server's certificate chain for the SSL and SASL_SSL listeners "
             "(Kafka's ssl.keystore.location with ssl.keystore.type=PEM).", None),

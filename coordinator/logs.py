@@ -1,6 +1,6 @@
 """Structured logs of the daemon: the structlog setup shared with the worker (JSON lines by
 default, a console renderer on request), written once in :mod:`connect_wire.logs`, the layer
-below both (issue 14: it used to live in the worker client, which the daemon then imported).
+below both (it used to live in the worker client, which the daemon then imported).
 
 Context (group, member, partition, connection) is bound per event by the callers; nothing is
 logged at info level per steady heartbeat. Group events (joins, fences, epoch bumps, ...) are

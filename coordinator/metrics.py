@@ -9,7 +9,7 @@ groups named in ``metrics.groups`` only: the number of series never grows with t
 groups clients create).
 
 Names pass ``promtool check metrics`` (tests/test_metrics_promtool.py): no gauge ends in
-``_count`` (a histogram's or summary's suffix); issue 14 renamed the three that did
+``_count`` (a histogram's or summary's suffix); the three that did were renamed
 (docs/metrics.md, "Renamed").
 
 Label children are bound once and cached (``labels()`` costs ~1.5 µs, a bound child's
@@ -43,7 +43,7 @@ GROUP_STATES = ("Empty", "Assigning", "Reconciling", "Stable", "Dead")
 class GroupCollector(Collector):
     """Scrape-time gauges over the shards' groups.
 
-    Cardinality is bounded whatever the number of groups (issue 11, item 12: 50,000 empty
+    Cardinality is bounded whatever the number of groups (50,000 empty
     groups grew /metrics from 8 KB to 3 MB when every group had its own series): groups are
     counted by state and their members summed; per-group series exist only for the groups the
     operator names (``metrics.groups``), so the number of series is fixed by the configuration,
@@ -174,7 +174,7 @@ class Metrics:
             "the commit's fsync is connect_coordinator_log_fsync_seconds)", EVENT_BUCKETS)
         r.register(self.event_queue_time)
         r.register(self.event_processing_time)
-        # Group events (issue 14), counted as the shard logs them, once committed.
+        # Group events, counted as the shard logs them, once committed.
         fences = Counter(f"{NS}_member_fences",
                          "Members the coordinator removed, by reason (session_expired, "
                          "stale_member_epoch, rebalance_timeout); a member leaving is not one",
@@ -221,7 +221,7 @@ class Metrics:
                               self.log_bytes)
         """The gauges with a series per loaded partition (dropped with it: drop_partition)."""
         self.connections = Gauge(f"{NS}_connections", "Open client connections", registry=r)
-        # Several nodes (store=etcd, issue 12).
+        # Several nodes (store=etcd).
         self.partition_moves = Counter(
             f"{NS}_partition_moves",
             "Partitions this node acquired (loaded), released (graceful handover) or lost "
@@ -230,7 +230,7 @@ class Metrics:
             f"{NS}_etcd_lease_remaining_seconds",
             "How long this node's etcd lease is certainly still valid (store=etcd; 0 without "
             "a lease)", registry=r)
-        # Flow control (issue 11, items 4 and 5); both computed when scraped.
+        # Flow control; both computed when scraped.
         self.queued_request_bytes = Gauge(
             f"{NS}_queued_request_bytes",
             "Bytes of partial request frames and of requests received and not yet answered, "
@@ -239,14 +239,14 @@ class Metrics:
             f"{NS}_connections_read_paused",
             "Connections not being read now (in-flight limits, full write buffer or the "
             "queued.max.request.bytes budget)", registry=r)
-        # The event loop's lag (issue 11, item 6): how late a periodic probe's sleep returned.
+        # The event loop's lag: how late a periodic probe's sleep returned.
         self.loop_lag = Gauge(f"{NS}_event_loop_lag_seconds",
                               "How late the event loop woke the last lag probe", registry=r)
         self.loop_lag_observed = Histogram(
             f"{NS}_event_loop_lag_observed_seconds", "Event loop lag, every probe",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=r)
-        # Security (issue 13): SASL authentications and authorization denials.
+        # Security: SASL authentications and authorization denials.
         self.authentications = Counter(
             f"{NS}_authentications",
             "SASL authentications by mechanism and result (success | failure), "

@@ -40,7 +40,7 @@ def _delegate(name: str, argv: Sequence[str]) -> int:
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing in SPARK_EXTRA:
-            # Issue 14: the README's install has no Spark; this was a traceback.
+            # The README's install has no Spark; this was a traceback.
             print(f"python -m simulation {name} needs {missing}, which is not installed: "
                   "pip install 'connect-coordinator[spark]' (PySpark, pandas, pyarrow, "
                   "matplotlib; Spark also needs Java 17)", file=sys.stderr)

@@ -129,7 +129,7 @@ class Scenario:
     """Probability that a message is lost during the fault phase (its connection resets)."""
     append_fail: float = 0.0
     fsync_fail: float = 0.0
-    # -- several coordinator nodes (issue 12: partition ownership through etcd leases) ------------
+    # -- several coordinator nodes (partition ownership through etcd leases) ------------
     nodes: int = 1
     """Coordinator nodes. 1: the embedded file store (one daemon, ``coordinator_restart``). More:
     the group's partition is owned by one node at a time through an etcd lease; its records live
@@ -378,7 +378,7 @@ SCENARIOS: dict[str, Scenario] = {
            "The coordinator process restarts (twice): uncommitted writes are lost, the state is "
            "rebuilt by replaying its log, every member gets a fresh session.",
            coordinator_restarts=2, bounces=1, window_ms=30_000, convergence_bound_ms=_HOLD + 60_000),
-        # -- several coordinator nodes (issue 12) --------------------------------------------------
+        # -- several coordinator nodes --------------------------------------------------
         _s("coordinator-handover",
            "Three coordinator nodes on etcd: the group's partition moves to another node three "
            "times (graceful handover: NOT_COORDINATOR, rediscovery, the next owner loads the "
@@ -450,7 +450,7 @@ SCENARIOS: dict[str, Scenario] = {
            "(stops take 2/3 to all of the stop budget, half the rebalance timeout: 10-15 s).",
            slow_bounces=1, rebalance_timeout_ms=30_000, window_ms=10_000,
            convergence_bound_ms=_HOLD + 60_000),
-        # -- plugins that misbehave on stop (issue 15: the fail-stop rule) -----------------------
+        # -- plugins that misbehave on stop (the fail-stop rule) -----------------------
         *(_s(name,
              f"A worker's plugins misbehave on stop for 20 s: {how}. Meanwhile a worker joins, "
              "one bounces and one is cut off for 2-15 s (self-fencing with stops that misbehave).",

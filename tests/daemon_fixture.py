@@ -54,7 +54,7 @@ LISTENER = re.compile(r"(?:(?P<name>[A-Za-z0-9_]+)://)?(?P<host>[^\s:]+):(?P<por
 
 def parse_listeners(text: str) -> dict[str, tuple[str, int]]:
     """The banner's listeners: ``HOST:PORT`` (PLAINTEXT) or ``NAME://HOST:PORT``, comma-separated
-    (issue 13), in order."""
+   , in order."""
     out: dict[str, tuple[str, int]] = {}
     for part in text.split(", "):
         m = LISTENER.fullmatch(part.strip())

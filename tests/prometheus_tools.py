@@ -1,4 +1,4 @@
-"""Debian's Prometheus for the tests (issue 14): ``promtool check metrics`` on an exposition, and a
+"""Debian's Prometheus for the tests: ``promtool check metrics`` on an exposition, and a
 real ``prometheus`` server scraping a daemon.
 
 Both binaries come with Debian's ``prometheus`` package. When they are missing and this is root

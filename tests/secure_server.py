@@ -1,5 +1,5 @@
 """An in-process coordinator with listeners of every security protocol, for the transport's
-security tests (issue 13), and a blocking KRPC client that speaks its SASL by hand.
+security tests, and a blocking KRPC client that speaks its SASL by hand.
 
     security = MemorySecurity()
     security.add_user("alice", "secret")                 # SCRAM-SHA-256 and -512 credentials

@@ -1,4 +1,4 @@
-"""Restart time follows the live state, not the history (issue 11, item 11).
+"""Restart time follows the live state, not the history.
 
 Compaction never rewrites the active segment; with nothing rolled, a log of small live state and
 much churn stayed as big as the churn. Now a compaction that finds the active segment mostly

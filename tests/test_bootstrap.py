@@ -1,4 +1,4 @@
-"""Several bootstrap addresses (issue 12): parsing, dead entries skipped, the group's
+"""Several bootstrap addresses: parsing, dead entries skipped, the group's
 coordinator found with FindCoordinator and followed, retries on NOT_COORDINATOR /
 COORDINATOR_NOT_AVAILABLE, for the admin CLI and the worker.
 

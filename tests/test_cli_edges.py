@@ -1,4 +1,4 @@
-"""The command lines' edges a new user hits (issue 14, "Clean edges"), as real processes:
+"""The command lines' edges a new user hits ("Clean edges"), as real processes:
 versions, a sub-command's own usage, bad values refused by the CLI, busy ports named in one
 line, a failed first start that leaves the partition count open, the simulation's Spark
 commands without Spark, and a worker whose bootstrap cannot be reached."""

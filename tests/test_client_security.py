@@ -1,4 +1,4 @@
-"""Our clients speak Kafka's client security (issue 13 item 5): the settings, TLS and SASL
+"""Our clients speak Kafka's client security: the settings, TLS and SASL
 (PLAIN, SCRAM-SHA-256/512) with re-authentication (KIP-368) in the worker's asyncio client and
 the admin CLI's blocking client, and what a refusal does (the worker exits 4 and says why in one
 line; an admin command prints one line and exits 1).

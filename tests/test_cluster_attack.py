@@ -1,4 +1,4 @@
-"""Attacks on the etcd cluster (issue 12) with real processes that held up (review of the
+"""Attacks on the etcd cluster with real processes that held up (review of the
 several-nodes change): acknowledged admin writes survive owners being killed and stopped under
 concurrent writers, and a cluster SIGTERMed all at once restarts with its state intact.
 

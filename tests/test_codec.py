@@ -144,7 +144,7 @@ def test_large_arrays_and_long_strings() -> None:
 
 
 def test_golden_bytes() -> None:
-    """One heartbeat response spelled out byte by byte from PROTOCOL.md and Kafka's rules."""
+    """One heartbeat response spelled out byte by byte from docs/protocol.md and Kafka's rules."""
     value = messages.ConnectGroupHeartbeatResponse(
         throttle_time_ms=0, error_code=10001, error_message=None, member_id="m",
         member_epoch=3, heartbeat_interval_ms=5, should_compute_assignment=True,
@@ -788,10 +788,10 @@ def test_api_classes_resolve(key: int, version: int) -> None:
 
 def test_api_table_matches_protocol() -> None:
     expected = {3: (0, 12), 10: (0, 6), 15: (0, 5), 16: (0, 5), 18: (0, 3)}
-    # Kafka's SASL (issue 13): SaslHandshake v1 only (v0's raw tokens are refused, as Kafka 4.0),
+    # Kafka's SASL: SaslHandshake v1 only (v0's raw tokens are refused, as Kafka 4.0),
     # SaslAuthenticate v0-v2.
     expected |= {17: (1, 1), 36: (0, 2)}
-    # Credentials and ACLs (issue 13): the versions kio 0.6.5 has.
+    # Credentials and ACLs: the versions kio 0.6.5 has.
     expected |= {29: (1, 3), 30: (1, 3), 31: (1, 3), 50: (0, 0), 51: (0, 0)}
     expected |= {k: (0, 0) for k in range(10000, 10005)}
     assert {k: (a.min_version, a.max_version) for k, a in apis.APIS.items()} == expected

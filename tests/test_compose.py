@@ -1,6 +1,6 @@
-"""The compose files (issue 14): one image built once, healthchecks, the demo plugin writing its
+"""The compose files: one image built once, healthchecks, the demo plugin writing its
 records, and two listeners (INTERNAL for the containers, EXTERNAL for the host); the single
-node's secured (issue 13): SASL_SSL on both, SCRAM users, ACLs.
+node's secured: SASL_SSL on both, SCRAM users, ACLs.
 
 There is no Docker engine on the development machine, so the services' own commands,
 environment and healthchecks run here as local processes, with each container address mapped

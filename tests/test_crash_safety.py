@@ -945,7 +945,7 @@ def refused_until_accepted(data: Path, partitions: int, env: dict[str, str], p: 
                            tag: str) -> None:
     """The log of partition ``p`` was cut below its recovery point (acknowledged records are
     gone): the daemon fails the partition loudly and changes no file; then the operator accepts
-    the loss by removing the partition's line from the checkpoint (issue 11, item 2)."""
+    the loss by removing the partition's line from the checkpoint."""
     pdir = partition_dir(data, p)
     files = {f: f.read_bytes() for f in sorted(pdir.rglob("*")) if f.is_file()}
     daemon = Daemon(data, partitions, env, tag)
@@ -1349,7 +1349,7 @@ async def test_failed_log_is_reopened_and_the_partition_reloaded(tmp_path: Path,
     assert shard.store.log is not failing_log and shard.store.log.failed is None
     recovery = shard.store.recovery
     assert recovery is not None and recovery.truncated, "the torn batch was cut at reopen"
-    # Logged (error level) and counted (issue 11, item 10).
+    # Logged (error level) and counted.
     assert shard.metrics.registry.get_sample_value(
         "connect_coordinator_partition_reloads_total", {"partition": "0"}) == 1.0
     await _settle(shard)

@@ -152,7 +152,7 @@ class Worker:
     def request(self, owned: Iterable[str] | None = None, epoch: int | None = None,
                 max_wait_ms: int = 0, **fields: Any) -> ConnectGroupHeartbeatRequest:
         epoch = self.epoch if epoch is None else epoch
-        if epoch == 0:  # a member at epoch 0 sends the full join fields (PROTOCOL.md)
+        if epoch == 0:  # a member at epoch 0 sends the full join fields (docs/protocol.md)
             fields.setdefault("client_assignors", self.assignors())
             fields.setdefault("rebalance_timeout_ms", self.rebalance_timeout_ms)
             fields.setdefault("instance_id", self.instance_id)
@@ -1076,7 +1076,7 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
     human = cli("connectors", "list", "--group", "g", *b).splitlines()
     assert human[0].split() == ["CONNECTOR", "TASKS", "STATE", "CONFIG"]
     assert human[2].split() == ["src", "3", "RUNNING", "connector.class=pkg:Source,", "topic=t1"]
-    # Connect's verbs (issue 14): reserved config keys, read-modify-write through AlterConnectors.
+    # Connect's verbs: reserved config keys, read-modify-write through AlterConnectors.
     assert "reserved" in cli("connectors", "update", "--group", "g", "src", "--config",
                              "connect.target.state=PAUSED", *b, code=2)
     cli("connectors", "pause", "--group", "g", "src", *b)

@@ -1,4 +1,4 @@
-"""SIGKILL loop with two daemons racing for one data dir (issue 11, "and keep it so").
+"""SIGKILL loop with two daemons racing for one data dir ("and keep it so").
 
 Each cycle starts two real daemons on the same data dir at the same instant: exactly one must
 come up, the other must exit 2 naming the data dir and the winner's pid. Writers then create

@@ -1,4 +1,4 @@
-"""The data dir against an unlucky operator (issue 11, items 1, 2 and 10), with real daemons.
+"""The data dir against an unlucky operator, with real daemons.
 
 1. A second ``serve`` on a data dir another daemon holds refuses to start: exit 2, one line
    naming the data dir and the holder's pid (``data.dir/.lock``, fcntl.flock).

@@ -14,7 +14,7 @@ from connect_wire.errors import (
     is_retriable,
 )
 
-# PROTOCOL.md, "Errors": every code listed there, with its number.
+# docs/protocol.md, "Errors": every code listed there, with its number.
 PROTOCOL_CODES = {
     "UNKNOWN_SERVER_ERROR": -1,
     "NONE": 0,

@@ -1,4 +1,4 @@
-"""A shard on the etcd store against a real etcd: what the shard does with each commit outcome (issue 12).
+"""A shard on the etcd store against a real etcd: what the shard does with each commit outcome.
 
 * etcd frozen (SIGSTOP) during a commit: the outcome is unknown. The request gets
   COORDINATOR_NOT_AVAILABLE (never a guess), the partition is reloaded from etcd once etcd is

@@ -106,7 +106,7 @@ def test_a_bool_byte_other_than_0_or_1_is_refused() -> None:
 
 
 def test_known_tagged_fields_default_repeat_and_unknown_neighbours() -> None:
-    """ConnectGroupDescribeResponse's tagged fields (issue 14): absent = the default, present =
+    """ConnectGroupDescribeResponse's tagged fields: absent = the default, present =
     read from their own bytes, a repeated tag keeps the last, unknown tags around them skipped;
     both readers agree, and the compiled writer writes what kio writes."""
     from connect_wire.messages import connect_group_describe_response_v0 as d

@@ -1,5 +1,5 @@
 """Fuzzing the frame decoder and the dispatcher together, through the real Connection and
-Router of a real (in-process) server over TCP (issue 11).
+Router of a real (in-process) server over TCP.
 
 Each example opens a connection and sends a stream of frames: valid requests of every API key
 and version the daemon answers (bodies drawn from the schema, tests/strategies.py), the same
@@ -322,7 +322,7 @@ def test_every_api_and_version_answers_any_valid_request(daemon: Running, key: i
     """Schema-valid requests of one API key and version at a time (every one the daemon
     answers), each followed on its connection by the sentinel: both answered, in order, with
     known error codes, never UNKNOWN_SERVER_ERROR (Metadata v10/v11 with a null topic name took
-    the connection down, issue 11 item 8)."""
+    the connection down)."""
     api = APIS[key]
     header_version = api.request_header_version(version)
 

@@ -1,4 +1,4 @@
-"""Fuzzing the SASL exchange (issue 13 item 6): garbage, truncated and out-of-order SaslHandshake
+"""Fuzzing the SASL exchange: garbage, truncated and out-of-order SaslHandshake
 / SaslAuthenticate sequences against a real server over TCP (in process, tests/secure_server.py,
 so that an exception reaching the event loop is seen), checked against Kafka's
 SaslServerAuthenticator rules (docs/security.md, "SASL"):

@@ -46,7 +46,7 @@ def wire_assignors(h: Harness, member_id: str) -> tuple[Any, ...]:
 def hb(h: Harness, member_id: str, owned: list[str] | None = None, **fields: Any) -> Any:
     """One heartbeat of a worker at its current member epoch, reporting what it runs.
 
-    A member at epoch 0 must send the full join fields (PROTOCOL.md), so it "joins" again with
+    A member at epoch 0 must send the full join fields (docs/protocol.md), so it "joins" again with
     its unchanged assignors.
     """
     cur = h.group().current[member_id]
@@ -251,7 +251,7 @@ def _w2_kicked_out_and_w3_holds(h: Harness, delay_ms: int) -> None:
     # Reading: "it won't change any assignments" leaves BC0 and BT1 unassigned, while the
     # seed's own "Assignment Validation" requires every connector and task to be assigned. We
     # take: an assignment may hold items unassigned only if it schedules the follow-up
-    # computation (ScheduledRebalanceDelayMs, PROTOCOL.md's form of the seed's "updating the
+    # computation (ScheduledRebalanceDelayMs, docs/protocol.md's form of the seed's "updating the
     # reason field"); without one it is INVALID_ASSIGNMENT ...
     bad = h.install("W3", {"W1": ["A", "A/0"], "W3": ["A/1"]}, prepared.group_epoch)
     assert bad.error_code == E.INVALID_ASSIGNMENT and "not assigned" in bad.error_message
@@ -316,7 +316,7 @@ def test_seed000_worker_bounces(rejoin: str) -> None:
     g = h.group()
 
     # W2 comes back before Δ. "Let's say it joins with epoch 35": it was removed, so that is
-    # UNKNOWN_MEMBER_ID; the worker drops its work and rejoins with epoch 0 (PROTOCOL.md) —
+    # UNKNOWN_MEMBER_ID; the worker drops its work and rejoins with epoch 0 (docs/protocol.md) —
     # with its old member id, or, in the static variant (W2 has instance id "worker-2" and
     # vanished without leaving, so its session expired), with its instance id and a new id.
     r = h.heartbeat("W2", 35, owned=["B", "B/0"])

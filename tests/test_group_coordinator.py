@@ -1,4 +1,4 @@
-"""Unit tests of the connect group coordinator's rules (PROTOCOL.md, seed 000, KIP-848).
+"""Unit tests of the connect group coordinator's rules (docs/protocol.md, seed 000, KIP-848).
 
 Each test drives the pure state machine through the harness, which checks the invariants and
 that a replay of the whole log gives the same state after every step.
@@ -1459,7 +1459,7 @@ def test_install_may_hold_items_unassigned_only_with_a_scheduled_rebalance() -> 
     assert g.epoch == prepared.group_epoch + 1 and h.assigner() == "W1"
 
 
-# == instance states (issue 14, Status) ============================================================
+# == instance states (Status) ============================================================
 
 
 def _states(*entries: tuple[str, str] | tuple[str, str, str, str]) -> tuple[Any, ...]:

@@ -1,4 +1,4 @@
-"""Group events (issue 14, "Operators are blind"): the pure state machine returns what happened
+"""Group events ("Operators are blind"): the pure state machine returns what happened
 to a group as GroupEvent values in its Result, with the group, the member's id, instance id and
 epoch and the group's epochs; the runtime logs them once committed (tests/test_shard_events.py,
 tests/test_daemon_events_e2e.py). A steady heartbeat returns none (the harness checks that on

@@ -1,4 +1,4 @@
-"""``connect-coordinator groups list`` asks every coordinator node and merges (issue 12 item 4).
+"""``connect-coordinator groups list`` asks every coordinator node and merges.
 
 A node's ListGroups lists only the groups of the partitions it owns (as Kafka), so the CLI
 (``AdminSession.list_groups``) sends Metadata to the first bootstrap address that answers, then

@@ -1,4 +1,4 @@
-"""The daemon under hostile and faulty input (issue 11, items 4, 5, 6, 8, 9).
+"""The daemon under hostile and faulty input.
 
 Real daemons over real TCP (tests/daemon_fixture.py), except where a state cannot be reached
 from outside on purpose (a partition still loading: an in-process server that was not started).

@@ -1,4 +1,4 @@
-"""Which of Kafka's Python clients see the coordinator's groups (the README's table, issue 14).
+"""Which of Kafka's Python clients see the coordinator's groups (the README's table).
 
 One daemon, a group ``demo`` with a connector and a real ``connect-worker`` member, a second
 group ``idle`` with none. The group type is ``connect``, so clients whose group calls are the

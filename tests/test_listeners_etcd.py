@@ -1,4 +1,4 @@
-"""Several listeners on several nodes (issue 13 item 1, store=etcd): every node records each of
+"""Several listeners on several nodes (store=etcd): every node records each of
 its listeners' advertised address in the registry, and a node answers Metadata and
 FindCoordinator with the other nodes' addresses *for the listener the request came in on*, as
 Kafka's brokers do (real etcd, real daemon processes).

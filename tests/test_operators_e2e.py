@@ -1,4 +1,4 @@
-"""What an operator sees (issue 14, "Operators are blind"), against real processes: the daemon
+"""What an operator sees ("Operators are blind"), against real processes: the daemon
 (``connect-coordinator serve``), real ``connect-worker`` processes running the bundled recording
 plugin, the admin CLI, Debian's promtool and a real Prometheus.
 

@@ -1,5 +1,5 @@
 """The README's demo ("Demo: three workers, kill one, watch the work move"), step by step, against
-real processes, with every default except the demo's own ``--max-delay-ms 10000`` (issue 14).
+real processes, with every default except the demo's own ``--max-delay-ms 10000``.
 
 A coordinator (``serve``: session timeout 10 s, heartbeat interval 3 s), the demo's two
 connectors of the recording plugin (orders: 3 tasks, payments: 2) and three ``connect-worker``

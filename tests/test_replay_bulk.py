@@ -389,7 +389,7 @@ def _check_decoders(key: bytes, value: bytes | None) -> None:
     if kind == 6 and expected[0] == "ok":  # the loop's cached path: same rest, another head
         c = expected[1][0]
         if validate_current_epoch(c.epoch) or validate_item_set(c.owned, "items"):
-            # content the API refuses: replay refuses it too (issue 11, item 3), both ways
+            # content the API refuses: replay refuses it too, both ways
             with pytest.raises(ReplayError):
                 serde.replay_log(CoordinatorState(), [[(key, value)]])
             with pytest.raises(ReplayError):

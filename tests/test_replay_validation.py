@@ -1,4 +1,4 @@
-"""Replay checks meaning, not just bytes (issue 11, item 3).
+"""Replay checks meaning, not just bytes.
 
 A record with a valid CRC whose content the API would refuse (TaskCount -3, a negative epoch, a
 member without assignors, a negative task id...) must not be served: both the record-by-record

@@ -1,4 +1,4 @@
-"""A hostile client against the SASL transport and the authorizer (issue 13 review): what held.
+"""A hostile client against the SASL transport and the authorizer: what held.
 
 An in-process daemon (tests/secure_server.py) with its *real* security state (the file store:
 credentials appended offline before start, ACLs through the store as CreateAcls makes them),

@@ -1,4 +1,4 @@
-"""Kafka's own clients against a real, secured daemon process (issue 13 item 6): kafka-python
+"""Kafka's own clients against a real, secured daemon process: kafka-python
 (3.x), aiokafka and confluent-kafka (librdkafka) authenticate with SCRAM-SHA-256 and -512 over
 SASL_SSL (a test CA made here, tests/tls_fixture.py) and are refused with a wrong password;
 re-authentication (KIP-368) with a short ``connections.max.reauth.ms``; the mutual-TLS

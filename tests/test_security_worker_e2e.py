@@ -1,4 +1,4 @@
-"""End to end (issue 13 item 5): real ``connect-worker`` processes and the admin CLI against the
+"""End to end: real ``connect-worker`` processes and the admin CLI against the
 real daemon over SASL_SSL with SCRAM-SHA-512, users made with ``connect-coordinator users add``
 (offline, into the data dir), ACLs with ``connect-coordinator acls add`` (online, as the
 super user over SASL_SSL), TLS from a test CA made by the tests.

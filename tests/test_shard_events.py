@@ -1,6 +1,6 @@
 """The shard logs the core's group events once committed, never a rolled-back one, and counts
 fences, session expiries and epoch bumps from them; the event queue and processing times and
-the held items are measured (issue 14). A real Shard on a real partition log in a temp dir."""
+the held items are measured. A real Shard on a real partition log in a temp dir."""
 
 from __future__ import annotations
 

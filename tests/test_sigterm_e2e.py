@@ -1,4 +1,4 @@
-"""SIGTERM is quick (issue 14): it took 1-3 s for a worker with nothing to stop and about 2 s
+"""SIGTERM is quick: it took 1-3 s for a worker with nothing to stop and about 2 s
 for the coordinator with workers connected.
 
 Where the time went: the worker queued its shutdown's drain (a revocation of everything, carried

@@ -226,7 +226,7 @@ BAD_STOPS = ("slow-stop", "hanging-stop", "raising-stop", "stop-ignores-cancel")
 @pytest.mark.parametrize("scenario", BAD_STOPS)
 @pytest.mark.parametrize("assignor", ASSIGNORS)
 def test_plugins_that_misbehave_on_stop(scenario: str, assignor: str) -> None:
-    """The fail-stop rule (issue 15): an instance not stopped within the stop budget of its
+    """The fail-stop rule: an instance not stopped within the stop budget of its
     stop's beginning ends the worker process at exactly that instant (nothing of it happens
     later), and its supervisor starts it again 1-5 s later; a stop() that raises counts as
     stopped. Nothing runs twice and the group converges."""
@@ -257,7 +257,7 @@ def test_plugins_that_misbehave_on_stop(scenario: str, assignor: str) -> None:
 
 
 def test_the_lease_backstop_ends_a_worker_that_began_stopping_late(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lease backstop (issue 15): w000 is frozen 50567-60023, past its lease end (58807),
+    """The lease backstop: w000 is frozen 50567-60023, past its lease end (58807),
     wakes, self-fences and begins stopping its items while its stops are slow (a
     slow_revocation). The guard ends the process at lease end + budget (66307), before the
     coordinator's hold of the fenced member's items ends and w002 starts c00001 (66317).

@@ -1,4 +1,4 @@
-"""The simulator with several coordinator nodes (issue 12): partition moves between nodes, an owner
+"""The simulator with several coordinator nodes: partition moves between nodes, an owner
 killed, isolated or frozen past its lease, a deposed owner's late write; the scenarios run clean,
 runs are deterministic, and switching the fence or the owner's lease check off (test-only knobs)
 lets the invariant checker find a violation."""

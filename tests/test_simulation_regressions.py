@@ -64,7 +64,7 @@ BUGS = {
         "eager 4 x 20 seed 57, once the hold fixed fence-stop-tail)."
     ),
     "stop-overrun": (
-        "FIXED (issue 15) in the model (worker_model.py SimWorker._stop_items, _fail_stop, the lease "
+        "FIXED in the model (worker_model.py SimWorker._stop_items, _fail_stop, the lease "
         "backstop) and in worker_client/ (failstop.py): the fail-stop rule. Was: a stop that "
         "outlived the stop budget was abandoned and its item reported released while the plugin "
         "still ran; after a late self-fence (a worker frozen past its lease) slow stops outlasted "
@@ -111,7 +111,7 @@ CHECKED = [
     ("long-partition", "incremental", 4, 20, 20, ""),  # held: no overlap
     ("random-faults-static", "incremental", 4, 20, 1, ""),
     ("random-faults-generated", "eager", 4, 20, 1, ""),
-    # Plugins that misbehave on stop (issue 15): w001/w000 fail-stops in each of these but
+    # Plugins that misbehave on stop: w001/w000 fail-stops in each of these but
     # raising-stop's (a stop() that raises counts as stopped).
     *((name, assignor, 4, 20, 3, "")
       for name in ("slow-stop", "hanging-stop", "raising-stop", "stop-ignores-cancel")
@@ -193,7 +193,7 @@ FOUND += [
     ("random-faults", "eager", 5, 50, 58, None),
 ]
 
-# Fixed (was "stop-overrun", issue 15): found by the sweep of 1,400 seeds per combination
+# Fixed (was "stop-overrun"): found by the sweep of 1,400 seeds per combination
 # (106,400 runs). w002 is frozen (pause) past its lease end, wakes at 24412, self-fences and begins
 # stopping its 8 items, while a slow_revocation makes every stop take 1-2x the rebalance timeout:
 # the old model (and worker.py) cut each stop at the budget, 7.5 s later (31912), and reported the

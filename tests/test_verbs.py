@@ -1,4 +1,4 @@
-"""connect_wire.verbs: Connect's verbs as reserved connector config keys (issue 14)."""
+"""connect_wire.verbs: Connect's verbs as reserved connector config keys."""
 
 from __future__ import annotations
 

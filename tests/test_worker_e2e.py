@@ -598,7 +598,7 @@ def test_config_update_restarts_only_that_connectors_instances(cluster: Cluster)
     assert not cluster.timeline().between(t2)
 
 
-# == Connect's verbs (issue 14): restart, pause, resume, stop ====================================
+# == Connect's verbs: restart, pause, resume, stop ====================================
 
 
 def _verb(cluster: Cluster, *args: str) -> None:

@@ -1,4 +1,4 @@
-"""Workers ride through a coordinator restart shorter than their session (issue 12 item 5).
+"""Workers ride through a coordinator restart shorter than their session.
 
 Real processes with the defaults of the README: a coordinator (file store, session timeout
 10 s, heartbeat interval 3 s) and two ``connect-worker`` processes (session timeout 10 s)

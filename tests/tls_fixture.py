@@ -1,4 +1,4 @@
-"""A throw-away certificate authority for the TLS tests (issue 13): no certificate file is
+"""A throw-away certificate authority for the TLS tests: no certificate file is
 committed; every test run makes its own with the ``cryptography`` package.
 
     ca = make_ca(tmp_path / "ca")                      # ca.cert: the CA's PEM certificate

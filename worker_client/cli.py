@@ -6,7 +6,7 @@
 SIGTERM or SIGINT stop the work and leave the group (-1; with --instance-id, -2: a planned
 restart keeps the work held for this instance until its session expires; --leave forces -1).
 
-Security (issue 13): Kafka's client settings (security.protocol, sasl.mechanism,
+Security: Kafka's client settings (security.protocol, sasl.mechanism,
 sasl.username, the password from --sasl-password-file or $CONNECT_SASL_PASSWORD, ssl.cafile,
 ssl.certfile/ssl.keyfile, ssl.check.hostname) from --client-config FILE (.properties or .toml)
 and flags; see connect_wire.client_security and docs/security.md.
@@ -174,7 +174,7 @@ async def _run(args: argparse.Namespace) -> int:
         host, port = args.metrics_listen
         try:
             start_http_server(port, host, registry=worker.metrics.registry)
-        except OSError as exc:  # a busy port: one line naming it, not a traceback (issue 14)
+        except OSError as exc:  # a busy port: one line naming it, not a traceback
             where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             logs.exit_line(f"connect-worker: cannot serve metrics on {where} (--metrics-listen): "
                            f"{exc.strerror or exc}")

@@ -8,7 +8,7 @@
   for the long-polled heartbeat, one for every other call (PrepareAssignment, Install,
   Describe), since a parked heartbeat holds back whatever follows it on its connection.
 
-Security (issue 13, :mod:`connect_wire.client_security`): with a :class:`ClientSecurity` every
+Security (:mod:`connect_wire.client_security`): with a :class:`ClientSecurity` every
 connection, the FindCoordinator ones to bootstrap nodes included, is opened with TLS when the
 protocol says so and authenticated (ApiVersions, SaslHandshake, SaslAuthenticate) before its
 first request, and re-authenticated on the same connection before the session lifetime the
@@ -284,7 +284,7 @@ class CoordinatorClient:
         security: ClientSecurity | None = None,
     ) -> None:
         # max_backoff_ms: was 5,000; a 3 s coordinator restart got a retry scheduled 4.1 s out
-        # and the worker's session ran out first (issue 12). 1 s (Kafka's
+        # and the worker's session ran out first. 1 s (Kafka's
         # reconnect.backoff.max.ms) keeps retries well inside the heartbeat interval.
         # connect_timeout_ms: a bootstrap address that drops packets cost a whole request
         # timeout (30 s) before the next address was tried; now a TCP connect gets 2 s.
@@ -299,9 +299,9 @@ class CoordinatorClient:
         self.connect_timeout_s = min(connect_timeout_ms, request_timeout_ms) / 1000
         # discovery_timeout_ms: FindCoordinator is answered from memory at once; a node that
         # accepts connections but does not answer (frozen, SIGSTOP) held the worker for the
-        # whole request timeout (30 s) before it asked the next address (issue 12).
+        # whole request timeout (30 s) before it asked the next address.
         self.discovery_timeout_s = min(discovery_timeout_ms, request_timeout_ms) / 1000
-        # Security (issue 13): every connection authenticates; the TLS context (CA and client
+        # Security: every connection authenticates; the TLS context (CA and client
         # certificate files) is loaded once, here (SecurityConfigError if it cannot be).
         self.security = security
         self.ssl_context = security.ssl_context() if security is not None else None
@@ -320,7 +320,7 @@ class CoordinatorClient:
         """Ask every bootstrap address at once; the first that names the coordinator wins.
         Asked one after another, a node that accepts connections but does not answer (frozen)
         or drops packets cost its whole timeout before the next one was asked, and with the
-        defaults that was enough to end a worker's lease (found by the simulator, issue 12)."""
+        defaults that was enough to end a worker's lease (found by the simulator)."""
         tasks = [asyncio.create_task(self._ask_coordinator(host, port))
                  for host, port in random.sample(self.bootstrap, len(self.bootstrap))]
         last: Exception | None = None

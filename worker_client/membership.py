@@ -138,7 +138,7 @@ class Membership:
     _sent_url: str | None = None
     instance_states: dict[Item, tuple[str, str | None, str | None]] = field(default_factory=dict)
     """The worker's instances' states (item -> (state, error, trace)), set by the worker before
-    each heartbeat (issue 14, Status): sent only when they changed, in full on join."""
+    each heartbeat (Status): sent only when they changed, in full on join."""
     _sent_states: dict[Item, tuple[str, str | None, str | None]] | None = None
     _in_flight_states: dict[Item, tuple[str, str | None, str | None]] | None = None
     _in_flight: ConnectGroupHeartbeatRequest | None = field(default=None, repr=False)
@@ -327,7 +327,7 @@ class Membership:
 
     def fail(self, code: int, message: str) -> Fatal:
         """Give up for a reason no heartbeat answer carried (the coordinator refused this
-        worker's credentials: issue 13): FAILED, as after a fatal error code."""
+        worker's credentials): FAILED, as after a fatal error code."""
         self.state = State.FAILED
         self.failure = Fatal(code, message)
         return self.failure

@@ -102,7 +102,7 @@ log = logs.get("worker")
 class MemberLog:
     """The worker's log, every line with the member's id, instance id and epoch as they are
     when it is written, the names ``groups describe`` and the coordinator's group events use
-    (``group``, ``member_id``, ``instance_id``, ``member_epoch``; issue 14). Read from the
+    (``group``, ``member_id``, ``instance_id``, ``member_epoch``). Read from the
     membership at each call: the id and epoch change as the worker (re)joins, and the instances'
     tasks, started earlier, would keep a stale context bound in a context variable."""
 
@@ -149,7 +149,7 @@ class WorkerFailed(Exception):
 
 
 class WorkerSecurityFailed(WorkerFailed):
-    """The coordinator refused this worker's credentials or permissions (issue 13): TLS or SASL
+    """The coordinator refused this worker's credentials or permissions: TLS or SASL
     authentication failed, or GROUP_AUTHORIZATION_FAILED. Retrying cannot fix it: the worker
     stopped its work and ``run()`` raised this (``connect-worker`` exits with status 4)."""
 
@@ -214,7 +214,7 @@ class _Instance:
     stopping_crashed: bool = False
     """The supervisor is stopping an instance whose run() failed."""
     state: str = RUNNING
-    """What the worker reports (issue 14, Status): RUNNING; FAILED from a failure of start() or
+    """What the worker reports (Status): RUNNING; FAILED from a failure of start() or
     run() until the next attempt; RESTARTING while that attempt starts the plugin again."""
     error: str | None = None
     """The last failure: its error and traceback (bounded), reported with FAILED/RESTARTING."""
@@ -242,7 +242,7 @@ class WorkerConfig:
     instance_id: str | None = None
     worker_url: str | None = None
     rebalance_timeout_ms: int | None = None
-    """Deprecated way to set the stop budget (half of it, at least 100 ms), as before issue 14;
+    """Deprecated way to set the stop budget (half of it, at least 100 ms), as in the first releases;
     the worker announces twice its stop budget as its rebalance timeout either way."""
     session_timeout_ms: int = 10_000
     long_poll: bool = True
@@ -388,7 +388,7 @@ class Worker:
         A coordinator node that stops answering without closing the connection (frozen, or
         cut off) used to hold the heartbeat for the whole request timeout (30 s), past the
         session; a fifth of the session was still too long with the defaults (the simulator:
-        a frozen owner made workers fence themselves in half the runs), issue 12."""
+        a frozen owner made workers fence themselves in half the runs)."""
         return min(self.config.request_timeout_ms, max(1000, self.config.session_timeout_ms // 10)) / 1000
 
     @property
@@ -406,7 +406,7 @@ class Worker:
         backoff, or Membership's retry after a retriable error), but never more than a quarter
         of what is left of the session lease (nor less than half the client's base backoff):
         retries get denser as the lease runs out, so a coordinator back just before it ends is
-        reached in time. Fix (issue 12): a long poll's lease runs from the send time of the
+        reached in time. Fix: a long poll's lease runs from the send time of the
         heartbeat answered before it, so a coordinator killed just before answering one left
         the worker 10 - 2 x 3 = 4 s of lease with the defaults; a 3 s restart (3.3 s down with
         start-up) plus a retry scheduled up to 1 s out self-fenced the worker (about 1 time in
@@ -517,7 +517,7 @@ class Worker:
                         await self._act(action)  # Lost (at once), Compute (background), Fatal
                 if m.member_epoch > epoch > 0 and (self.instances or m.owned) \
                         and not self._draining and m.state != State.FAILED:
-                    # (issue 14: a config change did nothing to running work; a paused
+                    # (a config change did nothing to running work; a paused
                     # connector's items are owned with no instance.)
                     self._pending.append(_Reconfigure(m.member_epoch))
                 if resp.error_code in RETRY:  # (retried after min(interval, 1 s)): within the lease
@@ -538,7 +538,7 @@ class Worker:
     async def _await_inflight(self, inflight: asyncio.Task[Any]) -> Any:
         """The heartbeat's answer. Meanwhile, a drain that :meth:`stop` queued starts at once:
         it used to wait for the parked long poll to be answered, so SIGTERM took up to the
-        heartbeat interval (3 s) even for a worker with nothing to stop (issue 14)."""
+        heartbeat interval (3 s) even for a worker with nothing to stop."""
         while True:
             self._kick.clear()
             kick = asyncio.ensure_future(self._kick.wait())
@@ -563,7 +563,7 @@ class Worker:
         ran out): say so at warning, naming the bootstrap addresses, at the first failure and
         then every :data:`UNREACHABLE_WARN_EVERY_S` (debug in between), and back off
         exponentially up to :data:`UNREACHABLE_MAX_BACKOFF_MS` (there is no lease to keep).
-        It used to retry two or three times a second forever, each at info (issue 14).
+        It used to retry two or three times a second forever, each at info.
         Returns the delay before the next attempt, in ms."""
         now = time.monotonic()
         if self._unreachable_since is None:
@@ -597,7 +597,7 @@ class Worker:
     def _refused(self, exc: SecurityError) -> None:
         """The coordinator refused this worker's credentials (TLS, SASL) or permissions: stop
         all work and end ``run()`` with :class:`WorkerSecurityFailed` (the loop does it on its
-        next turn). Not retried: it would be refused again, forever (issue 13)."""
+        next turn). Not retried: it would be refused again, forever."""
         m = self.membership
         if m.state != State.FAILED:
             self.log.error("the coordinator refused this worker's credentials; stopping", error=str(exc))
@@ -716,7 +716,7 @@ class Worker:
 
     # -- running work -------------------------------------------------------------------------
     async def _reconfigure(self) -> None:
-        """Apply the connectors' configs to the owned items (issue 14): restart the instances
+        """Apply the connectors' configs to the owned items: restart the instances
         whose config changed (Kafka Connect restarts a connector and its tasks on a config
         change) or whose restart counter was bumped (``connect.restart.generation``: the
         connector and its tasks; ``connect.restart.task.N``: that task only), stop the instances

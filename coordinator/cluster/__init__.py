@@ -1,2 +1,2 @@
-"""Several coordinator nodes (issue 12): which node owns which partition (:mod:`.placement`)
+"""Several coordinator nodes: which node owns which partition (:mod:`.placement`)
 and which nodes are alive (:mod:`.registry`)."""

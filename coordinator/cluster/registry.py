@@ -1,10 +1,10 @@
-"""Which coordinator nodes are alive: one etcd key per node, on the node's lease (issue 12).
+"""Which coordinator nodes are alive: one etcd key per node, on the node's lease.
 
     {prefix}/nodes/{node_id} = {"host": <advertised host>, "port": <advertised port>,
                                 "listeners": {<listener name>: [<host>, <port>], ...}}
 
-``host``/``port`` are the first listener's advertised address; ``listeners`` every listener's
-(issue 13): a node answers Metadata and FindCoordinator with the other nodes' addresses for
+``host``/``port`` are the first listener's advertised address; ``listeners`` every listener's:
+a node answers Metadata and FindCoordinator with the other nodes' addresses for
 the listener the request came in on, as Kafka. A registration without ``listeners`` (a node of
 an older version) has its one address for every listener name.
 

@@ -141,7 +141,7 @@ class RequestContext:
     client_id: str = ""
     client_host: str = ""
     principal: str = ANONYMOUS
-    """Who sent the request (issue 13): ``User:ANONYMOUS``, ``User:<SASL user>`` or
+    """Who sent the request: ``User:ANONYMOUS``, ``User:<SASL user>`` or
     ``User:<certificate subject>`` (coordinator.security)."""
     listener: str = ""
     """The name of the listener the request came in on ("" outside the server)."""
@@ -673,7 +673,7 @@ class GroupCoordinator:
         return self.config.for_group(g.configs if g is not None else {})
 
     def _check_group_cap(self, group_id: str) -> None:
-        """``group.max.groups``: a new group beyond it is refused (issue 11, item 12)."""
+        """``group.max.groups``: a new group beyond it is refused."""
         count = self.config.group_count
         hosted = count() if count is not None else len(self.state.groups)
         if hosted >= self.config.max_groups:
@@ -1782,7 +1782,7 @@ class GroupCoordinator:
     def _check_log_footprint(
         self, group_id: str, current: dict[str, ConnectorSpec], updated: dict[str, ConnectorSpec]
     ) -> None:
-        """Refuse connectors whose records could never be written (issue 11, item 7).
+        """Refuse connectors whose records could never be written.
 
         Every write that carries a group's items derives from its connectors: this write holds
         the connectors record and may rewrite targets (each item once at most); a heartbeat may
@@ -1859,7 +1859,7 @@ class GroupCoordinator:
                 instance_states=self._described_states(g, mid, cur.owned),
             ))
         # Holds: what fenced members (no longer members) still own until their stop budget ran
-        # out (issue 14: describe did not show who holds what, or until when).
+        # out (describe did not show who holds what, or until when).
         holds = tuple(
             _desc.Hold(member_id=mid, instance_id=g.soft.hold_instance.get(mid),
                        held_until_ms=g.soft.hold_deadline.get(mid, -1),

@@ -34,7 +34,7 @@ group records who computes assignments by principal, the transport sets it
 
 
 class MemberState(enum.IntEnum):
-    """A member's reconciliation state (PROTOCOL.md ``MemberState``)."""
+    """A member's reconciliation state (docs/protocol.md ``MemberState``)."""
 
     STABLE = 0
     UNREVOKED_ITEMS = 1
@@ -55,7 +55,7 @@ class GroupState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class AssignorSpec:
-    """One client-side assignor a worker supports (PROTOCOL.md ``Assignor``)."""
+    """One client-side assignor a worker supports (docs/protocol.md ``Assignor``)."""
 
     name: str
     minimum_version: int
@@ -282,7 +282,7 @@ class SoftState:
     # instance id (for describe and the log; unknown after a load)
     instance_states: dict[str, dict[Item, tuple[str, str | None, str | None]]] = field(
         default_factory=dict
-    )  # member -> item -> (state, error, trace) as last reported (issue 14, Status): memory only,
+    )  # member -> item -> (state, error, trace) as last reported (Status): memory only,
     # never in records (a new coordinator learns them again from the workers' full heartbeats)
     rebalance_started: tuple[int, int] | None = None
     """(wall-clock ms, group epoch) of the bump that started the rebalance in progress; None

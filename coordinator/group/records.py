@@ -165,7 +165,7 @@ def tombstone(key: Any) -> Record:
 
 # -- sizes in the log -------------------------------------------------------------------------
 # What a batch of records takes in a partition log, computed here so that the core can refuse a
-# write that could never fit the log's batch limit when it is asked for (issue 11, item 7). The
+# write that could never fit the log's batch limit when it is asked for. The
 # layout is the runtime's (coordinator/runtime/serde.py: a 4-byte header before a key, 2 before
 # a value; coordinator/runtime/log.py: a 29-byte batch header, 8 length bytes per record);
 # tests/test_limits.py checks these sizes equal the bytes the log writes.

@@ -4,7 +4,7 @@ The handlers (``coordinator.group.coordinator``) answer INVALID_REQUEST with the
 replay (``coordinator.group.state``, both record by record and the bulk loader, which end in the
 same ``apply_*`` methods) raises ReplayError with them for a record whose bytes are fine (CRC)
 but whose content the API would never have accepted: a corrupt or foreign log must fail its
-partition, not be served (issue 11, item 3). Each returns a message, or None when valid.
+partition, not be served. Each returns a message, or None when valid.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A coordinator partition stored in etcd, owned by one node at a time and fenced (issue 12).
+"""A coordinator partition stored in etcd, owned by one node at a time and fenced.
 
 With ``store = "etcd"`` the shard runs on this store (through
 :class:`coordinator.store.etcd.EtcdStore`, the shard's store interface) and the node

@@ -866,7 +866,7 @@ class PartitionLog:
         thread only (like append). Returns False when the active segment is empty (nothing to
         roll). The runtime rolls when a compaction found the active segment mostly superseded
         (:meth:`CompactionReport.active_mostly_garbage`), so the log, and the time to replay it,
-        follows the live state rather than the number of writes (issue 11, item 11)."""
+        follows the live state rather than the number of writes."""
         self._check_writable()
         if self._segments[-1].size == 0:
             return False

@@ -1,4 +1,4 @@
-"""Security of the coordinator the way a Kafka broker does it (issue 13).
+"""Security of the coordinator the way a Kafka broker does it.
 
 The shared vocabulary of the transport (listeners, TLS, SASL: coordinator/server/) and of the
 security state (credentials and ACLs, their records, the authorizer: this package). The

@@ -1,4 +1,4 @@
-"""The five admin APIs of credentials and ACLs, as a Kafka broker answers them (issue 13 item 3).
+"""The five admin APIs of credentials and ACLs, as a Kafka broker answers them.
 
 =====================================  ====  ========  ======================================
 API                                    key   versions  needs

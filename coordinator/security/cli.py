@@ -1,4 +1,4 @@
-"""``connect-coordinator users ...`` and ``connect-coordinator acls ...`` (issue 13 item 3).
+"""``connect-coordinator users ...`` and ``connect-coordinator acls ...``.
 
 Users (SCRAM credentials)::
 

@@ -1,4 +1,4 @@
-"""Listeners as a Kafka broker declares them (issue 13): ``listeners``,
+"""Listeners as a Kafka broker declares them: ``listeners``,
 ``listener.security.protocol.map`` and ``advertised.listener(s)``.
 
 * ``listeners`` is a comma-separated list of ``NAME://HOST:PORT`` entries; ``NAME`` is a listener

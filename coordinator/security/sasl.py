@@ -1,4 +1,4 @@
-"""The server side of the SASL mechanisms (issue 13): PLAIN and SCRAM-SHA-256/512, sans-IO.
+"""The server side of the SASL mechanisms: PLAIN and SCRAM-SHA-256/512, sans-IO.
 
 A mechanism server takes the client's tokens one at a time (:meth:`MechanismServer.step`) and
 answers a challenge, until it is ``done`` (then ``user`` is the authenticated user) or raises

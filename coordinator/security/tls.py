@@ -1,4 +1,4 @@
-"""TLS for the SSL and SASL_SSL listeners (issue 13): the server's ``ssl.SSLContext`` from
+"""TLS for the SSL and SASL_SSL listeners: the server's ``ssl.SSLContext`` from
 Kafka-named settings (PEM files, as Python's ssl module reads them), and the principal of a
 client certificate as Kafka writes it.
 

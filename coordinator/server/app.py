@@ -75,7 +75,7 @@ AUTH_FAILURE_LOG_INTERVAL_S = 10.0  # failed authentications: one line per peer 
 class Router:
     """API key -> handler. Connect APIs go to the group's shard; Kafka's APIs are answered here.
 
-    With ``authorizer=acl`` every request is checked (issue 13; docs/security.md, "What each API
+    With ``authorizer=acl`` every request is checked (docs/security.md, "What each API
     needs"): READ on the group for ConnectGroupHeartbeat, ``authorizer.assign.operation`` (READ
     unless set) for PrepareAssignment and InstallAssignment, ALTER on it for
     ConnectGroupAlterConnectors, DESCRIBE for FindCoordinator (per key), DescribeGroups and
@@ -440,7 +440,7 @@ class CoordinatorServer:
         self.over_budget = False
         self.max_connections = config["socket.max.connections"]
         self.idle_timeout_s = config["socket.idle.timeout.ms"] / 1000
-        # Listeners and their security (issue 13; docs/security.md).
+        # Listeners and their security (docs/security.md).
         self.listener_specs = config.listeners
         self._advertised = config.advertised
         tls = server_context(config.values) if any(ln.tls for ln in self.listener_specs) else None
@@ -465,7 +465,7 @@ class CoordinatorServer:
         self._closes_logged = LogLimiter(AUTH_FAILURE_LOG_INTERVAL_S, LOG_LINES_PER_INTERVAL,
                                          DENIAL_LOG_KEYS)
         # PLAIN derives the password (PBKDF2) off the loop: on its own bounded pool, not the
-        # default executor that runs every partition's fsync (issue 13 review).
+        # default executor that runs every partition's fsync.
         self.plain_executor = ThreadPoolExecutor(PLAIN_THREADS, thread_name_prefix="sasl-plain")
         self.plain_pending = 0
         self.plain_max_pending = PLAIN_MAX_PENDING
@@ -709,7 +709,7 @@ class CoordinatorServer:
                     reuse_address=True, ssl=served.ssl, start_serving=serve,
                     **({"ssl_handshake_timeout": self.ssl_handshake_timeout_s}
                        if served.ssl is not None else {}))
-            except OSError as exc:  # a busy port: name it and the listener (issue 14)
+            except OSError as exc:  # a busy port: name it and the listener
                 raise StartupError(f"cannot listen on {_where(spec.host, spec.port)} (listener "
                                    f"{spec.name}): {_why(exc)}") from None
             self._servers.append(server)
@@ -728,7 +728,7 @@ class CoordinatorServer:
             try:
                 server, _thread = start_http_server(metrics_listen[1], metrics_listen[0],
                                                     registry=self.metrics.registry)
-            except OSError as exc:  # a busy port: name it (issue 14)
+            except OSError as exc:  # a busy port: name it
                 raise StartupError(f"cannot serve metrics on {_where(*metrics_listen)} "
                                    f"(metrics.listener): {_why(exc)}") from None
             self._metrics_server = server
@@ -869,7 +869,7 @@ class CoordinatorServer:
                 await asyncio.wait_for(server.wait_closed(), 1.0)
         if self._metrics_server is not None:
             # Not waited for: shutdown() returns only at serve_forever's next poll, up to 0.5 s
-            # later (most of a SIGTERM's time, issue 14). The socket closes now; the daemon
+            # later (most of a SIGTERM's time). The socket closes now; the daemon
             # thread ends at that poll or with the process.
             threading.Thread(target=self._metrics_server.shutdown, daemon=True).start()
             self._metrics_server.server_close()

@@ -4,12 +4,12 @@ An ``asyncio.Protocol`` (not streams: measured faster) feeding a :class:`FrameDe
 complete frame becomes a *slot* in the connection's response queue; a slot is filled when its
 request is answered (at once, or when the shard commits it, or when a parked long-poll heartbeat
 returns), and responses are written strictly in slot order, so a parked heartbeat holds back the
-requests behind it on the same connection, as PROTOCOL.md says.
+requests behind it on the same connection, as docs/protocol.md says.
 
 Malformed frames (bad size, oversized, unparseable header) close the connection; nothing else
 about one connection can affect another.
 
-Security (issue 13, docs/security.md). A connection belongs to one listener (:class:`Served`):
+Security (docs/security.md). A connection belongs to one listener (:class:`Served`):
 on SSL and SASL_SSL listeners asyncio has done the TLS handshake before ``connection_made``
 (an SSL listener's verified client certificate gives the principal); on SASL_PLAINTEXT and
 SASL_SSL listeners the connection speaks Kafka's SaslServerAuthenticator before anything else:
