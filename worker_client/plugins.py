@@ -12,20 +12,31 @@ A plugin class is instantiated once per connector or task instance and offers::
 
 ``start`` gets the connector's config plus ``connector.name``, ``task.id`` (tasks only) and
 ``worker.id``. If ``run`` exists the worker runs it as a task; when it raises, the instance is
-reported as failed and restarted with backoff (stop, then start again) while it stays assigned.
+reported as failed and restarted with backoff (stop, then start again) while it stays assigned;
+a ``run`` that returns counts as a failure too.
+
+A connector class may define ``validate(config)`` (classmethod or staticmethod, plain or async)
+returning ``{key: [messages]}``: the worker runs it before starting any of the connector's
+instances, and the admin CLI before writing the connector (:mod:`connect_wire.plugins`).
+The author's guide is docs/plugins.md.
 """
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-ENTRY_POINT_GROUP = "connect_coordinator.plugins"
+from connect_wire.plugins import (
+    ENTRY_POINT_GROUP,
+    InvalidConfig,
+    PluginError,
+    ValidatorFailed,
+    error_lines,
+    load_class,
+    validate,
+)
 
-
-class PluginError(Exception):
-    """A plugin class cannot be found or used."""
+__all__ = ["ENTRY_POINT_GROUP", "InvalidConfig", "Plugin", "PluginError", "ValidatorFailed",
+           "connector_class", "error_lines", "load_class", "task_class", "validate"]
 
 
 @runtime_checkable
@@ -33,34 +44,6 @@ class Plugin(Protocol):
     async def start(self, config: dict[str, str | None]) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-def load_class(spec: str) -> type:
-    """``module:Class`` (``module.Class`` also works) or an entry point name."""
-    if not spec:
-        raise PluginError("empty plugin class name")
-    if ":" in spec or "." in spec:
-        module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise PluginError(f"cannot import {module_name!r} for plugin {spec!r}: {exc}") from None
-        obj: Any = module
-        for part in attr.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                raise PluginError(f"{module_name!r} has no {attr!r} (plugin {spec!r})")
-    else:
-        matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
-        if not matches:
-            raise PluginError(f"no plugin named {spec!r} (entry point group {ENTRY_POINT_GROUP!r})")
-        obj = matches[0].load()
-    if not isinstance(obj, type):
-        raise PluginError(f"plugin {spec!r} is not a class")
-    for method in ("start", "stop"):
-        if not callable(getattr(obj, method, None)):
-            raise PluginError(f"plugin {spec!r} has no {method}() method")
-    return obj
 
 
 def connector_class(config: dict[str, str | None]) -> type:
