@@ -177,3 +177,87 @@ def test_a_plugin_error_naming_an_undecodable_file_is_reported_not_fatal(
             assert proc.poll() is None, c.logs(tail=3000)
         finally:
             c.close()
+
+
+STRICT_SOURCE = '''
+from worker_client.examples.recording import RecordingConnector
+
+
+class StrictConnector(RecordingConnector):
+    @classmethod
+    def validate(cls, config):
+        if config.get("explode"):
+            raise ValueError("the validator broke")
+        errors = super().validate(config)
+        if not config.get("url"):
+            errors["url"] = ["is required", "names the database"]
+        return errors
+'''
+
+
+def test_a_connector_whose_config_fails_validation_is_failed_and_starts_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker runs the connector class's validate() before starting any instance of it:
+    an invalid config leaves the connector and each task FAILED with the messages and nothing
+    started (the recording plugin records no start), a validator that raises FAILED with its
+    exception; an update that makes the config valid starts them."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "strict_plugin.py").write_text(STRICT_SOURCE)
+    with DaemonPool(tmp_path) as pool:
+        c = Cluster(tmp_path, pool.start())
+        try:
+            # Created by a CLI that cannot import the plugin: it says so and writes them.
+            for name, extra in (("strict", ["--config", "tick.ms=soon"]),
+                                ("broken", ["--config", "explode=1"]), ("good", [])):
+                cls = PLUGIN if name == "good" else "strict_plugin:StrictConnector"
+                r = run_cli("connectors", "create", "--bootstrap", c.daemon.bootstrap, "--group",
+                            GROUP, name, "--tasks", "2", "--config", f"connector.class={cls}",
+                            "--config", f"record.file={c.records}", *extra)
+                assert r.returncode == 0, r.stderr
+                assert ("could not validate" in r.stderr) == (name != "good"), r.stderr
+            monkeypatch.setenv("PYTHONPATH", f"{plugins}:{ROOT}")  # the workers can import it
+            for name in ("w1", "w2"):
+                c.spawn(name)
+            deadline = time.monotonic() + 30
+            want = {**{i: "RUNNING" for i in ("good", "good/0", "good/1")},
+                    **{i: "FAILED" for i in ("strict", "strict/0", "strict/1",
+                                             "broken", "broken/0", "broken/1")}}
+            while True:
+                sts = {name: _status(c, name) for name in ("good", "strict", "broken")}
+                states = {k: v for st in sts.values() for k, v in _states(st).items()}
+                if states == want:
+                    break
+                assert time.monotonic() < deadline, (states, c.logs(tail=2000))
+                time.sleep(0.2)
+            invalid = ("invalid config: tick.ms: must be a whole number of milliseconds (0 or "
+                       "more), not 'soon'; url: is required; url: names the database")
+            for inst in (sts["strict"], *sts["strict"]["tasks"]):
+                assert inst["error"] == invalid, inst
+                assert inst["trace"] == invalid.removeprefix("invalid config: ").replace("; ", "\n")
+            for inst in (sts["broken"], *sts["broken"]["tasks"]):
+                assert inst["error"].startswith("ValidatorFailed(\"strict_plugin.StrictConnector."
+                                                "validate raised ValueError('the validator broke')"), inst
+                assert "ValueError: the validator broke" in inst["trace"], inst
+            records = [json.loads(line) for line in c.records.read_text().splitlines()]
+            started = {r["item"] for r in records if r["event"] == "start"}
+            assert started == {"good", "good/0", "good/1"}, started
+
+            # Made valid (the CLI, now able to import the plugin, validates the merged config).
+            r = run_cli("connectors", "update", "--bootstrap", c.daemon.bootstrap, "--group", GROUP,
+                        "strict", "--config", "url=sqlite:///x")
+            assert r.returncode == 1 and r.stderr.splitlines()[1:] == [
+                "tick.ms: must be a whole number of milliseconds (0 or more), not 'soon'"], r.stderr
+            r = run_cli("connectors", "update", "--bootstrap", c.daemon.bootstrap, "--group", GROUP,
+                        "strict", "--config", "url=sqlite:///x", "--config", "tick.ms=1000")
+            assert r.returncode == 0 and r.stderr == "", r.stderr
+            deadline = time.monotonic() + 30
+            while set(_states(st := _status(c, "strict")).values()) != {"RUNNING"}:
+                assert time.monotonic() < deadline, (_states(st), c.logs(tail=2000))
+                time.sleep(0.2)
+            records = [json.loads(line) for line in c.records.read_text().splitlines()]
+            assert {r["item"] for r in records if r["event"] == "start"} >= {
+                "strict", "strict/0", "strict/1"}
+            assert not any(r["item"].startswith("broken") for r in records)
+        finally:
+            c.close()

@@ -94,7 +94,14 @@ from worker_client.membership import (
     State,
 )
 from worker_client.metrics import WorkerMetrics
-from worker_client.plugins import PluginError, connector_class, task_class
+from worker_client.plugins import (
+    InvalidConfig,
+    PluginError,
+    connector_class,
+    error_lines,
+    task_class,
+    validate,
+)
 
 log = logs.get("worker")
 
@@ -191,8 +198,9 @@ def failure_trace(exc: BaseException, limit: int = TRACE_LIMIT) -> str:
     return utf8_tail(encodable(text), limit)
 
 
-def failure_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
-    return encodable(repr(exc)).encode("utf-8")[:limit].decode("utf-8", "ignore")
+def failure_error(exc: BaseException, text: Callable[[BaseException], str] = repr,
+                  limit: int = ERROR_LIMIT) -> str:
+    return encodable(text(exc)).encode("utf-8")[:limit].decode("utf-8", "ignore")
 
 
 @dataclass
@@ -851,6 +859,13 @@ class Worker:
                     # (a restart whose config fetch outlived the lease: the watchdog stops it)
                     await asyncio.sleep(0.05)
                     continue
+                # Every instance of a connector whose config fails its class's validate() is
+                # FAILED with the messages, and none starts (retried like a failed start: an
+                # update of the config restarts it at once).
+                errors = await asyncio.wait_for(validate(connector_class(config), {
+                    **plugin_config, "connector.name": inst.item.connector}), self.stop_deadline_s * 2)
+                if errors:
+                    raise InvalidConfig(errors)
                 cls = connector_class(config) if inst.item.is_connector else task_class(config)
                 inst.plugin = cls()
                 inst.config = config
@@ -878,8 +893,12 @@ class Worker:
                 inst.restarts += 1
                 self.metrics.failures.inc()
                 inst.state = FAILED
-                inst.error = failure_error(exc)
-                inst.trace = failure_trace(exc)
+                if isinstance(exc, InvalidConfig):  # (no code failed: the messages, no traceback)
+                    inst.error = failure_error(exc, str)
+                    inst.trace = utf8_tail(encodable("\n".join(error_lines(exc.errors))), TRACE_LIMIT)
+                else:
+                    inst.error = failure_error(exc)
+                    inst.trace = failure_trace(exc)
                 self.log.error("instance failed; restarting", item=str(inst.item), error=inst.error,
                                restarts=inst.restarts, retry_in_s=round(delay, 2), trace=inst.trace)
                 if inst.started:

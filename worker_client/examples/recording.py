@@ -20,6 +20,9 @@ still runs, even if its process is killed before it can record a stop), ``record
 into every line as ``"tag"``: which config an instance runs with, e.g. after
 ``connectors update --config record.tag=v2``, which restarts the connector's instances).
 
+``validate`` checks these keys: the ``.ms`` ones are whole numbers, the modes one of those
+below, ``record.file`` not empty.
+
 Misbehaving on stop, to exercise the worker's fail-stop rule (docs/worker.md):
 
 * ``stop.mode=block``: ``stop()`` blocks the event loop (``time.sleep``) for ``stop.delay.ms``
@@ -146,6 +149,30 @@ class RecordingTask:
             raise RuntimeError(f"{self.item}: stop() failed on purpose (after stopping)")
 
 
+MODES = {"fail.mode": ("start",), "stop.mode": ("normal", "block", "hang", "raise", "thread"),
+         "run.mode": ("normal", "ignore-cancel", "block")}
+MILLIS = ("stop.delay.ms", "fail.after.ms", "tick.ms", "block.after.ms")
+
+
 class RecordingConnector(RecordingTask):
     task_class = RecordingTask
     fails = False
+
+    @classmethod
+    def validate(cls, config: dict[str, str | None]) -> dict[str, list[str]]:
+        """The config's errors, ``{key: [messages]}`` (empty: valid). Run by
+        ``connect-coordinator connectors create/update`` before writing the connector, and by
+        the worker before starting any of its instances."""
+        errors: dict[str, list[str]] = {}
+        for key in MILLIS:
+            value = config.get(key)
+            if value is not None and not (value.isascii() and value.isdigit()):
+                errors.setdefault(key, []).append(
+                    f"must be a whole number of milliseconds (0 or more), not {value!r}")
+        for key, allowed in MODES.items():
+            value = config.get(key)
+            if value is not None and value not in allowed:
+                errors.setdefault(key, []).append(f"must be one of {', '.join(allowed)}, not {value!r}")
+        if config.get("record.file") == "":
+            errors["record.file"] = ["must not be empty (leave it out to record nothing)"]
+        return errors
