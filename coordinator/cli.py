@@ -35,7 +35,7 @@ import sys
 import time
 from typing import Any
 
-from connect_wire import client_security, verbs
+from connect_wire import client_security, plugins, verbs
 from connect_wire.addresses import Address, parse_bootstrap
 from connect_wire.cliutil import StrictParser, add_version
 from connect_wire.errors import error_name
@@ -436,6 +436,7 @@ def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
             tasks = args.tasks if args.tasks is not None else old.task_count
             config = {e.name: e.value for e in old.config} if old is not None else {}
             config.update(dict(args.config))
+            _validate_with_plugin(args.name, config)
             spec = _alter.ConnectorSpec(
                 name=args.name, task_count=tasks,
                 config=tuple(_alter.ConfigEntry(name=k, value=v) for k, v in sorted(config.items())))
@@ -445,6 +446,29 @@ def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
         _check(resp.error_code, resp.error_message)
         verb = "valid" if req.validate_only else "ok"
         out.write(f"{verb}: group {args.group} at epoch {resp.group_epoch}\n")
+
+
+def _validate_with_plugin(name: str, config: dict[str, str | None]) -> None:
+    """Run the connector class's ``validate(config)`` (connect_wire.plugins) on the config as it
+    would be stored (an update's merged with the stored one), as the plugin would see it: a
+    config it finds invalid is refused, each ``key: message`` on stderr (exit 1), nothing
+    written. Where the plugin cannot be imported here, say so and go on: the workers validate
+    it again before starting anything."""
+    spec = config.get("connector.class") or ""
+    try:
+        cls = plugins.load_class(spec)
+    except Exception as exc:  # noqa: BLE001 - PluginError, or the plugin's module failing to load
+        print(f"connect-coordinator: could not validate connector {name}'s config here: {exc} "
+              "(its workers validate it before starting it)", file=sys.stderr)
+        return
+    try:
+        errors = plugins.validate_sync(cls, {**verbs.plugin_config(config), "connector.name": name})
+    except plugins.ValidatorFailed as exc:
+        raise CliError(f"connector {name}: the config's validator itself failed, nothing "
+                       f"written: {exc}") from None
+    if errors:
+        raise CliError(f"connector {name}: invalid config ({spec}.validate), nothing written:\n"
+                       + "\n".join(plugins.error_lines(errors)))
 
 
 def cmd_groups(args: argparse.Namespace, out: Any) -> None:
