@@ -340,6 +340,49 @@ async def test_crashing_task_is_restarted_with_backoff_and_stays_owned(env: Env)
     assert w.metrics.registry.get_sample_value("connect_worker_running_instances") == 2
 
 
+class ReturningTask:
+    """A task whose run() returns at once (docs/plugins.md: that counts as a failure)."""
+
+    objects: list[ReturningTask] = []
+
+    def __init__(self) -> None:
+        ReturningTask.objects.append(self)
+        self.events: list[str] = []
+
+    async def start(self, config: dict[str, str | None]) -> None:
+        self.events.append("start")
+
+    async def run(self) -> None:
+        self.events.append("run")
+
+    async def stop(self) -> None:
+        self.events.append("stop")
+
+
+class ReturningConnector:
+    task_class = ReturningTask
+
+    async def start(self, config: dict[str, str | None]) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+async def test_a_run_that_returns_is_a_failure_restarted_on_a_new_object(env: Env) -> None:
+    ReturningTask.objects.clear()
+    env.alter({"returns": (1, {"connector.class": f"{__name__}:ReturningConnector"})})
+    w = env.start("a")
+    await until(lambda: len(ReturningTask.objects) >= 3, "three attempts", timeout_s=10)
+    # Each attempt: a new object, started, run, then stopped; reported FAILED with why.
+    for obj in ReturningTask.objects[:2]:
+        assert obj.events == ["start", "run", "stop"], obj.events
+    inst = w.instances[Item.parse("returns/0")]
+    assert inst.error == "RuntimeError('run() returned')" and "run() returned" in (inst.trace or "")
+    assert inst.restarts >= 2 and failures(w) >= 2
+    assert of(w) == items("returns", "returns/0")  # still owned: never dropped
+
+
 async def test_stop_past_its_deadline_fail_stops_and_never_reports_the_item_released(env: Env) -> None:
     """Issue 15: a stop() that outlives the stop budget used to be abandoned and its item
     reported released while the plugin still ran. Now the worker fail-stops (here the action
