@@ -156,7 +156,9 @@ def parser() -> argparse.ArgumentParser:
                        help="number of tasks")
         c.add_argument("--config", type=_kv, action="append", default=[], metavar="KEY=VALUE",
                        help="connector config entry, e.g. connector.class=module:Class (repeatable)")
-        c.add_argument("--validate-only", action="store_true", help="check, change nothing")
+        c.add_argument("--validate-only", action="store_true",
+                       help="check (the plugin's own validate(config) where it can be imported "
+                       "here, then the coordinator), change nothing")
     d = admin(csub, "delete", "delete connectors")
     d.add_argument("--group", required=True)
     d.add_argument("names", nargs="+", metavar="NAME")
