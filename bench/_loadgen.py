@@ -2,7 +2,8 @@
 ``python -m bench._loadgen SPEC.json`` prints one JSON line of results.
 
 SPEC: host, port, group, members ([member_id, epoch] pairs), connections, depth, warmup_s,
-duration_s, check (decode a sample of responses and count errors: on for the coordinator).
+duration_s, check (decode a sample of responses and count errors: on for the coordinator; ``error_codes``
+in the result counts them by "code: message").
 Several servers/groups at once: ``targets``, a list of {host, port, group, members,
 connections}, instead of the first five (``bench/cluster.py``: each group at its node).
 ``tls`` ({"cafile": PATH}) and ``sasl`` ({"mechanism", "user", "password"}): connect with TLS
@@ -24,7 +25,7 @@ import json
 import struct
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -178,12 +179,15 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
         if c.transport is not None:
             c.transport.close()
     errors = 0
+    codes: Counter[str] = Counter()
     if spec["check"]:
         header_version = APIS[ConnectGroupHeartbeatRequest.__api_key__].response_header_version(0)
         for frame in stats.samples:
             _, offset = parse_response_header(frame, header_version)
             resp = codec.decode(ConnectGroupHeartbeatResponse, frame, offset)[0]
-            errors += resp.error_code != 0
+            if resp.error_code:
+                errors += 1
+                codes[f"{resp.error_code}: {resp.error_message}"] += 1
     lat = sorted(stats.latencies)
 
     def pct(q: float) -> float:
@@ -192,7 +196,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     return {"requests": stats.count, "seconds": elapsed, "per_second": stats.count / elapsed,
             "p50_us": pct(0.50), "p99_us": pct(0.99), "connections": len(clients),
             "in_flight": in_flight, "checked": len(stats.samples), "errors": errors,
-            "cpu_seconds": cpu}
+            "error_codes": dict(codes), "cpu_seconds": cpu}
 
 
 def main() -> int:

@@ -252,7 +252,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 _check(target, name)
                 if result["errors"]:
                     raise BenchError(f"{name}: {result['errors']} of {result['checked']} sampled "
-                                     "heartbeat responses carried an error")
+                                     f"heartbeat responses carried an error: {result['error_codes']}")
                 heartbeat_runs.setdefault(name, []).append(result)
     finally:
         daemon.stop()
