@@ -21,6 +21,7 @@ from typing import Any
 from connect_wire.errors import ErrorCode
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
+    ConnectGroupDescribeRequest,
     ConnectGroupPrepareAssignmentRequest,
 )
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alt
@@ -203,6 +204,36 @@ class SimGroup:
             if min_interval_s > 0:
                 await asyncio.sleep(min_interval_s)
         return time.perf_counter() - started
+
+    async def settled(self) -> bool:
+        """Whether the coordinator agrees the group is done: Stable, its assignment computed for
+        its current epoch, every member at that epoch as the simulated members see it. The
+        members alone cannot tell: those that joined after an assignment was computed are Stable
+        at its epoch owning nothing until the next one is installed (joins are fast enough for
+        hundreds to land while one is computed), and a load generator that replays their epochs
+        after the group moved on is fenced (FENCED_MEMBER_EPOCH, then UNKNOWN_MEMBER_ID)."""
+        assert self.control is not None
+        resp = await self.control.request(ConnectGroupDescribeRequest(group_ids=[self.group]),
+                                          TIMEOUT_S)
+        g = resp.groups[0]
+        live = self.live()
+        return (g.error_code == 0 and g.group_state == "Stable"
+                and g.group_epoch == g.assignment_epoch and len(g.members) == len(live)
+                and {m.m.member_epoch for m in live} == {g.group_epoch}
+                and all(m.member_epoch == g.group_epoch for m in g.members))
+
+    async def wait_settled(self, item_count: int, count: int, timeout_s: float) -> None:
+        """Until ``count`` live members have ``converged`` and the group is ``settled``, or a
+        member failed (the caller looks at ``error``); TimeoutError after ``timeout_s``."""
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            await self.wait(lambda: self.converged(1, item_count) and len(self.live()) == count
+                            or any(m.error for m in self.members), deadline - time.perf_counter())
+            if any(m.error for m in self.members) or await self.settled():
+                return
+            if time.perf_counter() > deadline:
+                raise TimeoutError
+            await asyncio.sleep(0.05)  # the members move on with their next heartbeats
 
     async def close(self) -> None:
         for member in self.members:

@@ -393,8 +393,7 @@ async def populate(addr: Addr, group: str, members: int,
             await sim.add_member()
         items = len(specs) + tasks
         try:
-            await sim.wait(lambda: sim.converged(1, items) and len(sim.live()) == members
-                           or any(m.error for m in sim.members), timeout_s)
+            await sim.wait_settled(items, members, timeout_s)
         except TimeoutError:
             raise BenchError(f"group {group}: not Stable within {timeout_s} s: "
                              f"{sim.describe()}") from None

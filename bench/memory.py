@@ -339,9 +339,7 @@ async def _form_wire_group(host: str, port: int, shape: Shape, timeout_s: float)
         for _ in range(shape.members):
             await group.add_member()
         try:
-            await group.wait(lambda: group.converged(1, shape.items)
-                             and len(group.live()) == shape.members
-                             or any(m.error for m in group.members), timeout_s)
+            await group.wait_settled(shape.items, shape.members, timeout_s)
         except TimeoutError:
             raise BenchError(f"{shape.members} members not Stable within {timeout_s}s") from None
         failed = [m.error for m in group.members if m.error]

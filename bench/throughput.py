@@ -35,7 +35,6 @@ from typing import Any
 
 from bench._common import RESULTS, BenchError, child_env, machine, sizes_arg, start_daemon, start_echo
 from bench._sim import SimGroup, alter_connectors
-from connect_wire.messages import ConnectGroupDescribeRequest
 
 GROUP = "bench-throughput"
 TASKS_PER_MEMBER = 2
@@ -57,43 +56,19 @@ async def setup_members(host: str, port: int, count: int, timeout_s: float = 300
     assert group.control is not None
     await alter_connectors(group.control, GROUP, specs)
     items = len(specs) + tasks
-    deadline = time.perf_counter() + timeout_s
     try:
         for _ in range(count):
             await group.add_member()
-        while True:
-            try:
-                await group.wait(lambda: group.converged(1, items) and len(group.live()) == count
-                                 or any(m.error for m in group.members),
-                                 deadline - time.perf_counter())
-            except TimeoutError:
-                raise BenchError(f"{count} members not Stable within {timeout_s}s") from None
-            failed = [m.error for m in group.members if m.error]
-            if failed:
-                raise BenchError(f"a member failed: {failed[0]!r}")
-            if await _settled(group, count):
-                return [(m.m.member_id, m.m.member_epoch) for m in group.members]
-            if time.perf_counter() > deadline:
-                raise BenchError(f"{count} members not Stable within {timeout_s}s")
-            await asyncio.sleep(0.05)  # the members move on with their next heartbeats
+        try:
+            await group.wait_settled(items, count, timeout_s)
+        except TimeoutError:
+            raise BenchError(f"{count} members not Stable within {timeout_s}s") from None
+        failed = [m.error for m in group.members if m.error]
+        if failed:
+            raise BenchError(f"a member failed: {failed[0]!r}")
+        return [(m.m.member_id, m.m.member_epoch) for m in group.members]
     finally:
         await group.close()
-
-
-async def _settled(group: SimGroup, count: int) -> bool:
-    """Whether the coordinator agrees the group is done: Stable, its assignment computed for
-    its current epoch, every member at that epoch as the simulated members see it. The members
-    alone cannot tell: members that joined after an assignment was computed are Stable at its
-    epoch owning nothing until the next one is installed (joins are fast enough for hundreds
-    to land while one is computed), and a load generator that replays their epochs after
-    the group moved on is fenced (FENCED_MEMBER_EPOCH, then UNKNOWN_MEMBER_ID)."""
-    assert group.control is not None
-    resp = await group.control.request(ConnectGroupDescribeRequest(group_ids=[GROUP]), 30)
-    g = resp.groups[0]
-    epochs = {m.m.member_epoch for m in group.members}
-    return (g.error_code == 0 and g.group_state == "Stable" and g.group_epoch == g.assignment_epoch
-            and epochs == {g.group_epoch} and len(g.members) == count
-            and all(m.member_epoch == g.group_epoch for m in g.members))
 
 
 def load(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
