@@ -9,7 +9,8 @@ interval 200 ms so the set-up converges quickly; it changes nothing in a steady 
 server using the same framing that decodes nothing and echoes each frame (``bench/_echo.py``,
 the ceiling for Python here). ``--members`` simulated workers are set up first through the wire
 (``bench/_sim.py``: join, the real IncrementalCooperativeAssignor computes, every member
-reconciles until the group is Stable with every task owned once; two tasks per member). Then a
+reconciles until the group is Stable with every task owned once and the coordinator's describe
+shows every member at the group's epoch, which the load replays; two tasks per member). Then a
 load generator, a separate process (``bench/_loadgen.py``), sends steady heartbeats of those
 members (MaxWaitMs = 0, pipelined: up to ``--depth`` in flight per connection, one per member)
 over 1 and over 100 connections for ``--duration`` seconds after ``--warmup``, and reports
