@@ -1,7 +1,7 @@
 """The API table: which API keys and versions exist, and the classes and headers of each.
 
 Both sides use it: the coordinator to route and to answer ApiVersions, the worker client to
-pick classes. The five connect APIs (10000-10004) are our generated classes; the Kafka APIs the
+pick classes. The connect APIs (10000-10008) are our generated classes; the Kafka APIs the
 coordinator answers (ApiVersions, Metadata, FindCoordinator, DescribeGroups, ListGroups,
 SaslHandshake, SaslAuthenticate) are kio's own classes, not regenerated. Header versions follow
 Kafka: a flexible request version uses request header v2 (else v1); a flexible response version
@@ -40,6 +40,10 @@ class ApiKey:
     CONNECT_GROUP_INSTALL_ASSIGNMENT = 10002
     CONNECT_GROUP_DESCRIBE = 10003
     CONNECT_GROUP_ALTER_CONNECTORS = 10004
+    CONNECT_GROUP_WRITE_TASK_CONFIGS = 10005
+    CONNECT_GROUP_COMMIT_OFFSETS = 10006
+    CONNECT_GROUP_FETCH_OFFSETS = 10007
+    CONNECT_GROUP_ALTER_OFFSETS = 10008
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,10 @@ APIS: dict[int, API] = {
         API(ApiKey.CONNECT_GROUP_INSTALL_ASSIGNMENT, "ConnectGroupInstallAssignment", 0, 0, None),
         API(ApiKey.CONNECT_GROUP_DESCRIBE, "ConnectGroupDescribe", 0, 0, None),
         API(ApiKey.CONNECT_GROUP_ALTER_CONNECTORS, "ConnectGroupAlterConnectors", 0, 0, None),
+        API(ApiKey.CONNECT_GROUP_WRITE_TASK_CONFIGS, "ConnectGroupWriteTaskConfigs", 0, 0, None),
+        API(ApiKey.CONNECT_GROUP_COMMIT_OFFSETS, "ConnectGroupCommitOffsets", 0, 0, None),
+        API(ApiKey.CONNECT_GROUP_FETCH_OFFSETS, "ConnectGroupFetchOffsets", 0, 0, None),
+        API(ApiKey.CONNECT_GROUP_ALTER_OFFSETS, "ConnectGroupAlterOffsets", 0, 0, None),
     )
 }
 

@@ -168,6 +168,12 @@ class ErrorCode(IntEnum):
         False,
         "No member's assignor version range covers all the other members of the group.",
     )
+    ITEM_NOT_OWNED = (
+        10002,
+        False,
+        "The member does not own the item it writes for (it was never given it, or it already "
+        "reported it released).",
+    )
 
 
 def error_name(code: int) -> str:

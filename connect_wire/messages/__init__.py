@@ -5,14 +5,22 @@ Do not edit: change the schemas and run ``python -m tools.codegen``.
 
 from .connect_group_alter_connectors_request_v0 import ConnectGroupAlterConnectorsRequest as ConnectGroupAlterConnectorsRequest_v0
 from .connect_group_alter_connectors_response_v0 import ConnectGroupAlterConnectorsResponse as ConnectGroupAlterConnectorsResponse_v0
+from .connect_group_alter_offsets_request_v0 import ConnectGroupAlterOffsetsRequest as ConnectGroupAlterOffsetsRequest_v0
+from .connect_group_alter_offsets_response_v0 import ConnectGroupAlterOffsetsResponse as ConnectGroupAlterOffsetsResponse_v0
+from .connect_group_commit_offsets_request_v0 import ConnectGroupCommitOffsetsRequest as ConnectGroupCommitOffsetsRequest_v0
+from .connect_group_commit_offsets_response_v0 import ConnectGroupCommitOffsetsResponse as ConnectGroupCommitOffsetsResponse_v0
 from .connect_group_describe_request_v0 import ConnectGroupDescribeRequest as ConnectGroupDescribeRequest_v0
 from .connect_group_describe_response_v0 import ConnectGroupDescribeResponse as ConnectGroupDescribeResponse_v0
+from .connect_group_fetch_offsets_request_v0 import ConnectGroupFetchOffsetsRequest as ConnectGroupFetchOffsetsRequest_v0
+from .connect_group_fetch_offsets_response_v0 import ConnectGroupFetchOffsetsResponse as ConnectGroupFetchOffsetsResponse_v0
 from .connect_group_heartbeat_request_v0 import ConnectGroupHeartbeatRequest as ConnectGroupHeartbeatRequest_v0
 from .connect_group_heartbeat_response_v0 import ConnectGroupHeartbeatResponse as ConnectGroupHeartbeatResponse_v0
 from .connect_group_install_assignment_request_v0 import ConnectGroupInstallAssignmentRequest as ConnectGroupInstallAssignmentRequest_v0
 from .connect_group_install_assignment_response_v0 import ConnectGroupInstallAssignmentResponse as ConnectGroupInstallAssignmentResponse_v0
 from .connect_group_prepare_assignment_request_v0 import ConnectGroupPrepareAssignmentRequest as ConnectGroupPrepareAssignmentRequest_v0
 from .connect_group_prepare_assignment_response_v0 import ConnectGroupPrepareAssignmentResponse as ConnectGroupPrepareAssignmentResponse_v0
+from .connect_group_write_task_configs_request_v0 import ConnectGroupWriteTaskConfigsRequest as ConnectGroupWriteTaskConfigsRequest_v0
+from .connect_group_write_task_configs_response_v0 import ConnectGroupWriteTaskConfigsResponse as ConnectGroupWriteTaskConfigsResponse_v0
 
 REQUESTS: dict[tuple[int, int], type] = {
     (10000, 0): ConnectGroupHeartbeatRequest_v0,
@@ -20,6 +28,10 @@ REQUESTS: dict[tuple[int, int], type] = {
     (10002, 0): ConnectGroupInstallAssignmentRequest_v0,
     (10003, 0): ConnectGroupDescribeRequest_v0,
     (10004, 0): ConnectGroupAlterConnectorsRequest_v0,
+    (10005, 0): ConnectGroupWriteTaskConfigsRequest_v0,
+    (10006, 0): ConnectGroupCommitOffsetsRequest_v0,
+    (10007, 0): ConnectGroupFetchOffsetsRequest_v0,
+    (10008, 0): ConnectGroupAlterOffsetsRequest_v0,
 }
 """(api key or record type id, version) -> generated class."""
 
@@ -29,16 +41,28 @@ RESPONSES: dict[tuple[int, int], type] = {
     (10002, 0): ConnectGroupInstallAssignmentResponse_v0,
     (10003, 0): ConnectGroupDescribeResponse_v0,
     (10004, 0): ConnectGroupAlterConnectorsResponse_v0,
+    (10005, 0): ConnectGroupWriteTaskConfigsResponse_v0,
+    (10006, 0): ConnectGroupCommitOffsetsResponse_v0,
+    (10007, 0): ConnectGroupFetchOffsetsResponse_v0,
+    (10008, 0): ConnectGroupAlterOffsetsResponse_v0,
 }
 """(api key or record type id, version) -> generated class."""
 
 ConnectGroupAlterConnectorsRequest = ConnectGroupAlterConnectorsRequest_v0
 ConnectGroupAlterConnectorsResponse = ConnectGroupAlterConnectorsResponse_v0
+ConnectGroupAlterOffsetsRequest = ConnectGroupAlterOffsetsRequest_v0
+ConnectGroupAlterOffsetsResponse = ConnectGroupAlterOffsetsResponse_v0
+ConnectGroupCommitOffsetsRequest = ConnectGroupCommitOffsetsRequest_v0
+ConnectGroupCommitOffsetsResponse = ConnectGroupCommitOffsetsResponse_v0
 ConnectGroupDescribeRequest = ConnectGroupDescribeRequest_v0
 ConnectGroupDescribeResponse = ConnectGroupDescribeResponse_v0
+ConnectGroupFetchOffsetsRequest = ConnectGroupFetchOffsetsRequest_v0
+ConnectGroupFetchOffsetsResponse = ConnectGroupFetchOffsetsResponse_v0
 ConnectGroupHeartbeatRequest = ConnectGroupHeartbeatRequest_v0
 ConnectGroupHeartbeatResponse = ConnectGroupHeartbeatResponse_v0
 ConnectGroupInstallAssignmentRequest = ConnectGroupInstallAssignmentRequest_v0
 ConnectGroupInstallAssignmentResponse = ConnectGroupInstallAssignmentResponse_v0
 ConnectGroupPrepareAssignmentRequest = ConnectGroupPrepareAssignmentRequest_v0
 ConnectGroupPrepareAssignmentResponse = ConnectGroupPrepareAssignmentResponse_v0
+ConnectGroupWriteTaskConfigsRequest = ConnectGroupWriteTaskConfigsRequest_v0
+ConnectGroupWriteTaskConfigsResponse = ConnectGroupWriteTaskConfigsResponse_v0

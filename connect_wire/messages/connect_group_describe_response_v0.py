@@ -24,6 +24,17 @@ class ConfigEntry:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskConfig:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 10003
+    __header_schema__: ClassVar[type | None] = ResponseHeader
+    config: tuple[ConfigEntry, ...] = field(default=())
+    "The task's own configuration, overlaid on its connector's."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectorSpec:
     __type__: ClassVar = EntityType.nested
     __version__: ClassVar[int] = 0
@@ -36,6 +47,10 @@ class ConnectorSpec:
     "The number of tasks of the connector (>= 0)."
     config: tuple[ConfigEntry, ...] = field(default=())
     "What a worker needs to run the connector, e.g. its plugin class."
+    task_configs: tuple[TaskConfig, ...] | None = field(metadata={'tag': 0}, default=None)
+    "The task configs the connector instance wrote, task 0 first (their count is the running task count), or null if it wrote none."
+    offset_count: int = field(metadata={'kafka_type': 'int32', 'tag': 1}, default=0)
+    "How many source partitions have a committed offset."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +99,21 @@ class InstanceState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ItemToken:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 10003
+    __header_schema__: ClassVar[type | None] = ResponseHeader
+    connector: str = field(metadata={'kafka_type': 'string'})
+    "The connector."
+    task: int = field(metadata={'kafka_type': 'int32'})
+    "The task's index, or -1 for the connector instance itself."
+    token: int = field(metadata={'kafka_type': 'int64'})
+    "The fencing token of this grant of the item to the member."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Member:
     __type__: ClassVar = EntityType.nested
     __version__: ClassVar[int] = 0
@@ -114,6 +144,8 @@ class Member:
     "The tasks the member must give up and has not yet reported stopped (it still owns them)."
     instance_states: tuple[InstanceState, ...] = field(metadata={'tag': 2}, default=())
     "The last reported state of each instance the member owns (absent: none reported since it joined or since the coordinator started)."
+    fencing_tokens: tuple[ItemToken, ...] = field(metadata={'tag': 3}, default=())
+    "The fencing token of each item the member owns."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,6 +24,21 @@ class TaskId:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ItemToken:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 10000
+    __header_schema__: ClassVar[type | None] = ResponseHeader
+    connector: str = field(metadata={'kafka_type': 'string'})
+    "The connector."
+    task: int = field(metadata={'kafka_type': 'int32'})
+    "The task's index, or -1 for the connector instance itself."
+    token: int = field(metadata={'kafka_type': 'int64'})
+    "The fencing token of this grant of the item to the member."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Assignment:
     __type__: ClassVar = EntityType.nested
     __version__: ClassVar[int] = 0
@@ -40,6 +55,8 @@ class Assignment:
     "The version of the assignor's per-member metadata."
     metadata_bytes: bytes = field(metadata={'kafka_type': 'bytes'})
     "The assignor's per-member metadata, opaque to the coordinator."
+    fencing_tokens: tuple[ItemToken, ...] = field(metadata={'tag': 0}, default=())
+    "The fencing token of each assigned item: strictly higher than any token an earlier holder of the item was given."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

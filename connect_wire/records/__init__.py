@@ -5,6 +5,10 @@ Do not edit: change the schemas and run ``python -m tools.codegen``.
 
 from .access_control_entry_key_v0 import AccessControlEntryKey as AccessControlEntryKey_v0
 from .access_control_entry_value_v0 import AccessControlEntryValue as AccessControlEntryValue_v0
+from .connector_offset_key_v0 import ConnectorOffsetKey as ConnectorOffsetKey_v0
+from .connector_offset_value_v0 import ConnectorOffsetValue as ConnectorOffsetValue_v0
+from .connector_task_configs_key_v0 import ConnectorTaskConfigsKey as ConnectorTaskConfigsKey_v0
+from .connector_task_configs_value_v0 import ConnectorTaskConfigsValue as ConnectorTaskConfigsValue_v0
 from .current_member_assignment_key_v0 import CurrentMemberAssignmentKey as CurrentMemberAssignmentKey_v0
 from .current_member_assignment_value_v0 import CurrentMemberAssignmentValue as CurrentMemberAssignmentValue_v0
 from .group_configuration_key_v0 import GroupConfigurationKey as GroupConfigurationKey_v0
@@ -24,6 +28,8 @@ from .user_scram_credential_value_v0 import UserScramCredentialValue as UserScra
 
 RECORD_KEYS: dict[tuple[int, int], type] = {
     (1, 0): GroupMetadataKey_v0,
+    (10, 0): ConnectorTaskConfigsKey_v0,
+    (11, 0): ConnectorOffsetKey_v0,
     (2, 0): GroupConnectorsKey_v0,
     (3, 0): GroupMemberKey_v0,
     (4, 0): TargetAssignmentMemberKey_v0,
@@ -37,6 +43,8 @@ RECORD_KEYS: dict[tuple[int, int], type] = {
 
 RECORD_VALUES: dict[tuple[int, int], type] = {
     (1, 0): GroupMetadataValue_v0,
+    (10, 0): ConnectorTaskConfigsValue_v0,
+    (11, 0): ConnectorOffsetValue_v0,
     (2, 0): GroupConnectorsValue_v0,
     (3, 0): GroupMemberValue_v0,
     (4, 0): TargetAssignmentMemberValue_v0,
@@ -50,6 +58,10 @@ RECORD_VALUES: dict[tuple[int, int], type] = {
 
 AccessControlEntryKey = AccessControlEntryKey_v0
 AccessControlEntryValue = AccessControlEntryValue_v0
+ConnectorOffsetKey = ConnectorOffsetKey_v0
+ConnectorOffsetValue = ConnectorOffsetValue_v0
+ConnectorTaskConfigsKey = ConnectorTaskConfigsKey_v0
+ConnectorTaskConfigsValue = ConnectorTaskConfigsValue_v0
 CurrentMemberAssignmentKey = CurrentMemberAssignmentKey_v0
 CurrentMemberAssignmentValue = CurrentMemberAssignmentValue_v0
 GroupConfigurationKey = GroupConfigurationKey_v0

@@ -23,6 +23,21 @@ class TaskId:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ItemToken:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 6
+    __header_schema__: ClassVar[type | None] = None
+    connector: str = field(metadata={'kafka_type': 'string'})
+    "The connector."
+    task: int = field(metadata={'kafka_type': 'int32'})
+    "The task's index, or -1 for the connector instance itself."
+    token: int = field(metadata={'kafka_type': 'int64'})
+    "The fencing token of this grant of the item to the member."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CurrentMemberAssignmentValue:
     __type__: ClassVar = EntityType.data
     __version__: ClassVar[int] = 0
@@ -47,3 +62,5 @@ class CurrentMemberAssignmentValue:
     "The version of the assignor's per-member metadata."
     metadata_bytes: bytes = field(metadata={'kafka_type': 'bytes'})
     "The assignor's per-member metadata."
+    fencing_tokens: tuple[ItemToken, ...] = field(metadata={'tag': 0}, default=())
+    "The fencing token of each owned item (assigned and revoking)."

@@ -35,6 +35,8 @@ class ConnectorSpec:
     "The number of tasks of the connector."
     config: tuple[ConfigEntry, ...] = field(default=())
     "The connector's configuration."
+    incarnation: int = field(metadata={'kafka_type': 'int64', 'tag': 0}, default=0)
+    "Set when the connector is created (from the group's fencing token counter), kept by updates: its task configs and offsets carry it, so that records of a deleted connector never come back with a new one of the same name."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,3 +18,5 @@ class GroupMetadataValue:
     __header_schema__: ClassVar[type | None] = None
     epoch: int = field(metadata={'kafka_type': 'int32'})
     "The group epoch."
+    fencing_token_ceiling: int = field(metadata={'kafka_type': 'int64', 'tag': 0}, default=0)
+    "Fencing tokens up to this value may have been handed out: after a load the group's token counter starts here (tokens are reserved in blocks, so the counter is not written at every grant)."
