@@ -1,4 +1,4 @@
-"""Debian packages the tests run for real (Prometheus, etcd-server).
+"""Debian packages the tests run for real (Prometheus, etcd-server, PostgreSQL).
 
 A binary is looked for where Debian installs it; when it is missing and this is root (CI's
 container), its package is installed with apt-get, as ``bench peers`` installs redis-server
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 
 import pytest
 
@@ -27,11 +28,17 @@ def find(name: str, *, path_too: bool = True) -> str | None:
 def binary(name: str, package: str, *, path_too: bool = True) -> str:
     """The path of ``name``: found, or installed from Debian's ``package`` (apt-get, as root), or
     the test fails."""
-    found = find(name, path_too=path_too)
+    return ensure(package, lambda: find(name, path_too=path_too), what=name)
+
+
+def ensure(package: str, locate: Callable[[], str | None], *, what: str) -> str:
+    """``locate()``'s answer: found, or found after installing Debian's ``package`` (apt-get, as
+    root), or the test fails saying what to install (``what`` names the missing thing)."""
+    found = locate()
     if found:
         return found
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.fail(f"{name} is not installed and this is not root: install Debian's "
+        pytest.fail(f"{what} is not installed and this is not root: install Debian's "
                     f"{package} package (`sudo apt-get install -y {package}`) and run again")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "--no-install-recommends", package]
@@ -39,7 +46,7 @@ def binary(name: str, package: str, *, path_too: bool = True) -> str:
     if done.returncode != 0:  # a fresh machine may have no package lists yet
         subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env, check=False)
         done = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
-    found = find(name, path_too=path_too)
+    found = locate()
     if done.returncode != 0 or not found:
         pytest.fail(f"apt-get install {package} failed ({done.returncode}):\n"
                     f"{(done.stdout + done.stderr)[-2000:]}")
