@@ -114,9 +114,11 @@ def sqlite_db(path: Path, timeout: float = 30.0) -> sqlite3.Connection:
     return conn
 
 
-def sqlite_write(fence: SqliteFence, token: int, who: str) -> None:
+def sqlite_write(fence: SqliteFence, token: int, who: str, hold_s: float = 0.0) -> None:
+    """One fenced write; ``hold_s``: the sink's work inside the transaction (others then wait)."""
     with fence.transaction(token) as cur:
         n = cur.execute(SQLITE_WRITE[0]).fetchone()[0]
+        time.sleep(hold_s)
         cur.execute(SQLITE_WRITE[1], (n, token, who))
 
 
@@ -181,9 +183,13 @@ def test_sqlite_resources_apart_custom_table_and_bad_use(tmp_path: Path) -> None
             conn.commit()
 
 
-def test_sqlite_concurrent_writers_never_write_a_lower_token_after_a_higher(tmp_path: Path) -> None:
+@pytest.mark.parametrize("journal_mode", ["DELETE", "WAL"])
+def test_sqlite_concurrent_writers_never_write_a_lower_token_after_a_higher(
+        tmp_path: Path, journal_mode: str) -> None:
     db = tmp_path / "sink.db"
-    sqlite_db(db).close()
+    with sqlite_db(db) as conn:
+        assert conn.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0].upper() == journal_mode
+    conn.close()
     tokens = iter(range(1, 10**6))  # a grant takes the next token; writers race with them
     lock = threading.Lock()
     refused: list[int] = []
@@ -198,7 +204,7 @@ def test_sqlite_concurrent_writers_never_write_a_lower_token_after_a_higher(tmp_
                     token = next(tokens)
                 time.sleep(rng.random() / 1000)
                 try:
-                    sqlite_write(fence, token, name)
+                    sqlite_write(fence, token, name, hold_s=rng.random() / 500)
                 except StaleTokenError:
                     refused.append(token)
         except BaseException as exc:  # surfaced below
@@ -271,9 +277,10 @@ def pg_connect(dsn: str) -> psycopg.Connection:
     return conn
 
 
-def pg_write(fence: PostgresFence, token: int, who: str) -> None:
+def pg_write(fence: PostgresFence, token: int, who: str, hold_s: float = 0.0) -> None:
     with fence.transaction(token) as cur:
         n = cur.execute(PG_WRITE[0]).fetchone()[0]  # type: ignore[index]
+        time.sleep(hold_s)
         cur.execute(PG_WRITE[1], (n, token, who))
 
 
@@ -347,7 +354,7 @@ def test_postgres_concurrent_writers_never_write_a_lower_token_after_a_higher(
                         token = next(tokens)
                     time.sleep(rng.random() / 1000)
                     try:
-                        pg_write(fence, token, name)
+                        pg_write(fence, token, name, hold_s=rng.random() / 500)
                     except StaleTokenError:
                         refused.append(token)
         except BaseException as exc:
@@ -371,6 +378,41 @@ def _backend_waiting_on_lock(dsn: str) -> bool:
         row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                            "AND wait_event_type = 'Lock'").fetchone()
         return bool(row and row[0])
+
+
+@pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"])
+def test_postgres_writer_waiting_on_the_fence_row_sees_the_newer_token(
+        postgres_dsn: str, isolation: str) -> None:  # noqa: F811
+    """A lower token waits on the row lock the higher one holds; once that commits it is refused:
+    READ COMMITTED re-reads the row (StaleTokenError), the snapshot levels raise a serialization
+    failure instead. Either way nothing of it is written."""
+    pg_connect(postgres_dsn).close()
+    outcome: list[BaseException | None] = []
+
+    def lower() -> None:
+        try:
+            with pg_connect(postgres_dsn) as conn:
+                conn.isolation_level = getattr(psycopg.IsolationLevel, isolation.replace(" ", "_"))
+                pg_write(PostgresFence(conn, RESOURCE), 5, "lower")
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with pg_connect(postgres_dsn) as conn:
+        pg_write(PostgresFence(conn, RESOURCE), 4, "first")  # the fence row exists
+        with PostgresFence(conn, RESOURCE).transaction(6) as cur:
+            cur.execute(PG_WRITE[1], (1000, 6, "higher"))
+            thread = threading.Thread(target=lower)
+            thread.start()
+            deadline = time.monotonic() + 30
+            while not outcome and not _backend_waiting_on_lock(postgres_dsn):
+                assert time.monotonic() < deadline, "the lower token never waited on the fence row"
+                time.sleep(0.01)
+            assert not outcome, outcome
+        thread.join(60)
+    expected = StaleTokenError if isolation == "READ COMMITTED" else psycopg.errors.SerializationFailure
+    assert len(outcome) == 1 and isinstance(outcome[0], expected), outcome
+    assert [(t, w) for _, t, w in pg_rows(postgres_dsn)] == [(4, "first"), (6, "higher")]
 
 
 def test_postgres_writer_frozen_in_transaction_is_ended_and_its_write_never_lands(
@@ -442,10 +484,11 @@ async def apg_connect(dsn: str) -> psycopg.AsyncConnection:
     return conn
 
 
-async def apg_write(fence: AsyncPostgresFence, token: int, who: str) -> None:
+async def apg_write(fence: AsyncPostgresFence, token: int, who: str, hold_s: float = 0.0) -> None:
     async with fence.transaction(token) as cur:
         await cur.execute(PG_WRITE[0])
         n = (await cur.fetchone())[0]  # type: ignore[index]
+        await asyncio.sleep(hold_s)
         await cur.execute(PG_WRITE[1], (n, token, who))
 
 
@@ -482,7 +525,7 @@ async def test_async_postgres_concurrent_tasks_never_write_a_lower_token_after_a
                 token = next(tokens)
                 await asyncio.sleep(rng.random() / 1000)
                 try:
-                    await apg_write(fence, token, name)
+                    await apg_write(fence, token, name, hold_s=rng.random() / 500)
                 except StaleTokenError:
                     refused.append(token)
 
