@@ -13,6 +13,7 @@ down in commit order" is checked from the resource's contents.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -21,7 +22,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -101,6 +104,43 @@ def _check_monotonic(rows: list[tuple[int, int, str]]) -> None:
         assert tokens[i] >= tokens[i - 1], (
             f"write #{i + 1} carries token {tokens[i]} after token {tokens[i - 1]} was written: "
             f"{tokens[max(0, i - 5):i + 5]}")
+
+
+WRITERS, WRITES_EACH = 6, 25
+
+
+def race_in_threads(open_fence: Callable[[], Any], write: Callable[..., None]) -> list[int]:
+    """WRITERS threads, each with its own connection (``open_fence()``), make WRITES_EACH fenced
+    writes, taking each token from one counter as grants would and racing with the others (a
+    random pause before, the sink's work held inside): the tokens refused."""
+    tokens = iter(range(1, 10**6))
+    lock = threading.Lock()
+    refused: list[int] = []
+    errors: list[BaseException] = []
+
+    def writer(name: str) -> None:
+        rng = random.Random(name)
+        try:
+            fence = open_fence()
+            with contextlib.closing(fence.conn):
+                for _ in range(WRITES_EACH):
+                    with lock:
+                        token = next(tokens)
+                    time.sleep(rng.random() / 1000)
+                    try:
+                        write(fence, token, name, hold_s=rng.random() / 500)
+                    except StaleTokenError:
+                        refused.append(token)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return refused
 
 
 # ------------------------------------------------------------------------------------- SQLite
@@ -190,34 +230,9 @@ def test_sqlite_concurrent_writers_never_write_a_lower_token_after_a_higher(
     with sqlite_db(db) as conn:
         assert conn.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0].upper() == journal_mode
     conn.close()
-    tokens = iter(range(1, 10**6))  # a grant takes the next token; writers race with them
-    lock = threading.Lock()
-    refused: list[int] = []
-    errors: list[BaseException] = []
-
-    def writer(name: str) -> None:
-        fence = SqliteFence(sqlite_db(db), RESOURCE)
-        rng = random.Random(name)
-        try:
-            for _ in range(25):
-                with lock:
-                    token = next(tokens)
-                time.sleep(rng.random() / 1000)
-                try:
-                    sqlite_write(fence, token, name, hold_s=rng.random() / 500)
-                except StaleTokenError:
-                    refused.append(token)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    refused = race_in_threads(lambda: SqliteFence(sqlite_db(db), RESOURCE), sqlite_write)
     rows = sqlite_rows(db)
-    assert len(rows) + len(refused) == 6 * 25
+    assert len(rows) + len(refused) == WRITERS * WRITES_EACH
     _check_monotonic(rows)
     assert SqliteFence(sqlite3.connect(db), RESOURCE).recorded() == max(t for _, t, _ in rows)
 
@@ -318,9 +333,8 @@ def test_postgres_lower_refused_equal_and_higher_accepted(postgres_dsn: str) -> 
 
 
 def test_postgres_resources_apart_and_custom_table(postgres_dsn: str) -> None:  # noqa: F811
-    with psycopg.connect(postgres_dsn) as conn:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # the fence begins its own
         conn.execute("CREATE SCHEMA sink")
-        conn.commit()
         a = PostgresFence(conn, "a", table="sink.fences")
         b = PostgresFence(conn, "b", table="sink.fences")
         with a.transaction(100):
@@ -329,7 +343,9 @@ def test_postgres_resources_apart_and_custom_table(postgres_dsn: str) -> None:  
             pass
         assert conn.execute("SELECT resource, token FROM sink.fences ORDER BY 1").fetchall() == [
             ("a", 100), ("b", 1)]
-        conn.rollback()
+        with pytest.raises(StaleTokenError):
+            with a.transaction(99):
+                pass
         with pytest.raises(ValueError, match="identifier"):
             PostgresFence(conn, "a", table='x"; DROP TABLE y; --')
         with pytest.raises(ValueError, match="positive"):
@@ -339,45 +355,37 @@ def test_postgres_resources_apart_and_custom_table(postgres_dsn: str) -> None:  
 def test_postgres_concurrent_writers_never_write_a_lower_token_after_a_higher(
         postgres_dsn: str) -> None:  # noqa: F811
     pg_connect(postgres_dsn).close()
-    tokens = iter(range(1, 10**6))
-    lock = threading.Lock()
-    refused: list[int] = []
-    errors: list[BaseException] = []
-
-    def writer(name: str) -> None:
-        rng = random.Random(name)
-        try:
-            with pg_connect(postgres_dsn) as conn:
-                fence = PostgresFence(conn, RESOURCE)
-                for _ in range(25):
-                    with lock:
-                        token = next(tokens)
-                    time.sleep(rng.random() / 1000)
-                    try:
-                        pg_write(fence, token, name, hold_s=rng.random() / 500)
-                    except StaleTokenError:
-                        refused.append(token)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    refused = race_in_threads(lambda: PostgresFence(pg_connect(postgres_dsn), RESOURCE), pg_write)
     rows = pg_rows(postgres_dsn)
-    assert len(rows) + len(refused) == 6 * 25
+    assert len(rows) + len(refused) == WRITERS * WRITES_EACH
     _check_monotonic(rows)
     with psycopg.connect(postgres_dsn) as conn:
         assert PostgresFence(conn, RESOURCE).recorded() == max(t for _, t, _ in rows)
 
 
-def _backend_waiting_on_lock(dsn: str) -> bool:
+def start_blocked_writer(dsn: str, write: Callable[[], None]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``write`` in a thread and return once its session waits on a lock (it must: another
+    session holds the fence row); ``outcome`` gets None or the exception when it is done."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            write()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND wait_event_type = 'Lock'").fetchone()
-        return bool(row and row[0])
+        while not outcome and not conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'").fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the writer never waited on the fence row"
+            time.sleep(0.01)
+    assert not outcome, f"the writer went through while another held the fence row: {outcome}"
+    return thread, outcome
 
 
 @pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"])
@@ -387,28 +395,17 @@ def test_postgres_writer_waiting_on_the_fence_row_sees_the_newer_token(
     READ COMMITTED re-reads the row (StaleTokenError), the snapshot levels raise a serialization
     failure instead. Either way nothing of it is written."""
     pg_connect(postgres_dsn).close()
-    outcome: list[BaseException | None] = []
 
     def lower() -> None:
-        try:
-            with pg_connect(postgres_dsn) as conn:
-                conn.isolation_level = getattr(psycopg.IsolationLevel, isolation.replace(" ", "_"))
-                pg_write(PostgresFence(conn, RESOURCE), 5, "lower")
-            outcome.append(None)
-        except BaseException as exc:
-            outcome.append(exc)
+        with pg_connect(postgres_dsn) as conn:
+            conn.isolation_level = getattr(psycopg.IsolationLevel, isolation.replace(" ", "_"))
+            pg_write(PostgresFence(conn, RESOURCE), 5, "lower")
 
     with pg_connect(postgres_dsn) as conn:
         pg_write(PostgresFence(conn, RESOURCE), 4, "first")  # the fence row exists
         with PostgresFence(conn, RESOURCE).transaction(6) as cur:
             cur.execute(PG_WRITE[1], (1000, 6, "higher"))
-            thread = threading.Thread(target=lower)
-            thread.start()
-            deadline = time.monotonic() + 30
-            while not outcome and not _backend_waiting_on_lock(postgres_dsn):
-                assert time.monotonic() < deadline, "the lower token never waited on the fence row"
-                time.sleep(0.01)
-            assert not outcome, outcome
+            thread, outcome = start_blocked_writer(postgres_dsn, lower)
         thread.join(60)
     expected = StaleTokenError if isolation == "READ COMMITTED" else psycopg.errors.SerializationFailure
     assert len(outcome) == 1 and isinstance(outcome[0], expected), outcome
@@ -423,26 +420,15 @@ def test_postgres_writer_frozen_in_transaction_is_ended_and_its_write_never_land
     nothing of it is in the resource."""
     pg_connect(postgres_dsn).close()
     stale = spawn_writer("postgres", postgres_dsn, 5, 1.0)
-    outcome: list[BaseException | None] = []
     try:
         expect_line(stale, "written")
         os.kill(stale.pid, signal.SIGSTOP)
 
         def new_holder() -> None:
-            try:
-                with pg_connect(postgres_dsn) as conn:
-                    pg_write(PostgresFence(conn, RESOURCE, idle_in_transaction_timeout=1.0), 6, "new")
-                outcome.append(None)
-            except BaseException as exc:
-                outcome.append(exc)
+            with pg_connect(postgres_dsn) as conn:
+                pg_write(PostgresFence(conn, RESOURCE, idle_in_transaction_timeout=1.0), 6, "new")
 
-        thread = threading.Thread(target=new_holder)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not outcome and not _backend_waiting_on_lock(postgres_dsn):
-            assert time.monotonic() < deadline, "the new holder never waited on the fence row"
-            time.sleep(0.01)
-        assert not outcome, "the new holder wrote while the frozen one held the fence row"
+        thread, outcome = start_blocked_writer(postgres_dsn, new_holder)  # on the frozen one's row
         thread.join(60)
         assert outcome == [None], outcome or "the new holder is still blocked by the frozen writer"
         os.kill(stale.pid, signal.SIGCONT)
@@ -521,7 +507,7 @@ async def test_async_postgres_concurrent_tasks_never_write_a_lower_token_after_a
         rng = random.Random(name)
         async with await apg_connect(postgres_dsn) as conn:
             fence = AsyncPostgresFence(conn, RESOURCE)
-            for _ in range(25):
+            for _ in range(WRITES_EACH):
                 token = next(tokens)
                 await asyncio.sleep(rng.random() / 1000)
                 try:
@@ -529,7 +515,7 @@ async def test_async_postgres_concurrent_tasks_never_write_a_lower_token_after_a
                 except StaleTokenError:
                     refused.append(token)
 
-    await asyncio.gather(*(writer(f"t{i}") for i in range(6)))
+    await asyncio.gather(*(writer(f"t{i}") for i in range(WRITERS)))
     rows = pg_rows(postgres_dsn)
-    assert len(rows) + len(refused) == 6 * 25
+    assert len(rows) + len(refused) == WRITERS * WRITES_EACH
     _check_monotonic(rows)

@@ -43,21 +43,24 @@ between them: the fence is *locked first*, then checked, then written, then comm
   held waits up to the connection's busy timeout (``sqlite3.connect(..., timeout=5.0)`` by
   default) and then raises ``sqlite3.OperationalError: database is locked``, nothing written.
   SQLite has no server that could abort a process frozen *inside* a fenced transaction: it
-  keeps the lock, the new holder's writes fail as "locked" until it wakes up, and then the
+  keeps the lock, the new holder's writes fail as "locked" for as long as it stays frozen; the
   stale transaction commits *before* the new holder's first write — an order in which it is
   not stale (the new token was not recorded yet), so the invariant holds; its next
   transaction is refused.
-- **PostgreSQL**: the first statement is ``INSERT ... ON CONFLICT (resource) DO UPDATE SET
-  token = EXCLUDED.token WHERE recorded <= EXCLUDED.token``: it inserts the row or takes its
-  row lock (held to the end of the transaction), and raises the recorded token in the same
-  step, so two writers of one resource serialise on that row and every check reads the latest
-  committed token. Writers of different resources do not wait on each other.
+- **PostgreSQL**: the first statement (after the timeout below) is ``INSERT ... ON CONFLICT
+  (resource) DO UPDATE SET token = EXCLUDED.token WHERE recorded <= EXCLUDED.token``: it
+  inserts the row or takes its row lock (held to the end of the transaction) and moves the
+  recorded token up in one step (a higher recorded token leaves the row as it is, and the
+  fence raises), so two writers of one resource serialise on that row and every check reads
+  the latest committed token. Writers of different resources do not wait on each other.
   A process frozen inside a fenced transaction holds that row lock. So that it cannot block
-  the new holder for ever, the transaction sets ``idle_in_transaction_session_timeout``
-  (``idle_in_transaction_timeout``, 10 s by default, ``SET LOCAL``: this transaction only):
-  PostgreSQL then terminates the frozen session, rolls its transaction back — none of its
+  the new holder for ever, every fenced transaction sets its own session's
+  ``idle_in_transaction_session_timeout`` (``idle_in_transaction_timeout``, 10 s by default,
+  ``SET LOCAL``: this transaction only): when its process freezes between two statements,
+  PostgreSQL terminates that session, rolls its transaction back — none of its
   writes ever land — and the new holder, waiting on the row lock, goes ahead. When the frozen
-  process wakes up its commit fails (the connection is closed). Correctness does not depend
+  process wakes up its commit fails (``psycopg.errors.IdleInTransactionSessionTimeout``, an
+  ``OperationalError``; the connection is closed). Correctness does not depend
   on the timeout (without it the stale transaction simply commits first, as with SQLite);
   liveness does. Choose it longer than the longest pause between statements inside a fenced
   transaction, and short next to the item's session timeout.
