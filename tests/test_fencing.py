@@ -52,35 +52,56 @@ PG_WRITE = ("UPDATE seq SET n = n + 1 WHERE id = 1 RETURNING n",
 # stdin (the test SIGSTOPs it there, or SIGKILLs it); told to go on it commits and prints the
 # outcome; told again, it tries one more transaction with the same token.
 WRITER = r"""
-import os, signal, sqlite3, sys
+import asyncio, os, signal, sqlite3, sys
 import psycopg
-from worker_client.fencing import PostgresFence, SqliteFence, StaleTokenError
+from worker_client.fencing import AsyncPostgresFence, PostgresFence, SqliteFence, StaleTokenError
 kind, target, token, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-if kind == "sqlite":
-    conn = sqlite3.connect(target, timeout=timeout)
-    fence, write = SqliteFence(conn, "orders-sink"), "INSERT INTO writes (n, token, who) VALUES (?, ?, ?)"
-    bump = "UPDATE seq SET n = n + 1 WHERE id = 1 RETURNING n"
-else:
-    conn = psycopg.connect(target)
-    fence = PostgresFence(conn, "orders-sink", idle_in_transaction_timeout=timeout)
-    write = "INSERT INTO writes (n, token, who) VALUES (%s, %s, %s)"
-    bump = "UPDATE seq SET n = n + 1 WHERE id = 1 RETURNING n"
-def attempt(label):
+bump, write = "UPDATE seq SET n = n + 1 WHERE id = 1 RETURNING n", "INSERT INTO writes VALUES (%s, %s, %s)"
+def outcome(exc):
+    if isinstance(exc, StaleTokenError):
+        print("refused", exc.recorded, flush=True)
+    else:
+        print("failed", type(exc).__name__, flush=True)
+def stall():
+    if sys.stdin.readline().strip() == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+def attempt(fence, label):
     try:
         with fence.transaction(token) as cur:
             n = cur.execute(bump).fetchone()[0]
-            cur.execute(write, (n, token, label))
+            cur.execute(write.replace("%s", "?") if kind == "sqlite" else write, (n, token, label))
             print("written", flush=True)
-            if sys.stdin.readline().strip() == "die":
-                os.kill(os.getpid(), signal.SIGKILL)
+            stall()
         print("committed", flush=True)
-    except StaleTokenError as exc:
-        print("refused", exc.recorded, flush=True)
     except Exception as exc:
-        print("failed", type(exc).__name__, flush=True)
-attempt("stale")
-sys.stdin.readline()
-attempt("stale-again")
+        outcome(exc)
+async def attempt_async(fence, label):
+    try:
+        async with fence.transaction(token) as cur:
+            await cur.execute(bump)
+            n = (await cur.fetchone())[0]
+            await cur.execute(write, (n, token, label))
+            print("written", flush=True)
+            stall()
+        print("committed", flush=True)
+    except Exception as exc:
+        outcome(exc)
+async def main_async():
+    conn = await psycopg.AsyncConnection.connect(target)
+    fence = AsyncPostgresFence(conn, "orders-sink", idle_in_transaction_timeout=timeout)
+    await attempt_async(fence, "stale")
+    sys.stdin.readline()
+    await attempt_async(fence, "stale-again")
+if kind == "postgres-async":
+    asyncio.run(main_async())
+else:
+    if kind == "sqlite":
+        fence = SqliteFence(sqlite3.connect(target, timeout=timeout), "orders-sink")
+    else:
+        fence = PostgresFence(psycopg.connect(target), "orders-sink", idle_in_transaction_timeout=timeout)
+    attempt(fence, "stale")
+    sys.stdin.readline()
+    attempt(fence, "stale-again")
 """
 
 
@@ -412,14 +433,15 @@ def test_postgres_writer_waiting_on_the_fence_row_sees_the_newer_token(
     assert [(t, w) for _, t, w in pg_rows(postgres_dsn)] == [(4, "first"), (6, "higher")]
 
 
+@pytest.mark.parametrize("kind", ["postgres", "postgres-async"])
 def test_postgres_writer_frozen_in_transaction_is_ended_and_its_write_never_lands(
-        postgres_dsn: str, postgres_server: PostgresServer) -> None:  # noqa: F811
+        postgres_dsn: str, postgres_server: PostgresServer, kind: str) -> None:  # noqa: F811
     """Kleppmann's scenario: the old holder froze (SIGSTOP) inside a fenced transaction holding the
     fence row; the new holder waits on that row until PostgreSQL ends the frozen session
     (idle_in_transaction_timeout), then writes; the old holder wakes, its commit fails, and
     nothing of it is in the resource."""
     pg_connect(postgres_dsn).close()
-    stale = spawn_writer("postgres", postgres_dsn, 5, 1.0)
+    stale = spawn_writer(kind, postgres_dsn, 5, 1.0)  # PostgresFence / AsyncPostgresFence
     try:
         expect_line(stale, "written")
         os.kill(stale.pid, signal.SIGSTOP)
@@ -441,12 +463,13 @@ def test_postgres_writer_frozen_in_transaction_is_ended_and_its_write_never_land
         stale.kill()
         stale.wait()
     assert [(t, w) for _, t, w in pg_rows(postgres_dsn)] == [(6, "new")]
-    assert "idle-in-transaction timeout" in postgres_server.log_tail(200)
+    assert "terminating connection due to idle-in-transaction timeout" in postgres_server.log_tail(200)
 
 
-def test_postgres_writer_killed_mid_transaction_writes_nothing(postgres_dsn: str) -> None:  # noqa: F811
+@pytest.mark.parametrize("kind", ["postgres", "postgres-async"])
+def test_postgres_writer_killed_mid_transaction_writes_nothing(postgres_dsn: str, kind: str) -> None:  # noqa: F811
     pg_connect(postgres_dsn).close()
-    writer = spawn_writer("postgres", postgres_dsn, 9, 10.0)
+    writer = spawn_writer(kind, postgres_dsn, 9, 10.0)
     expect_line(writer, "written")
     assert writer.stdin is not None
     writer.stdin.write("die\n")
