@@ -177,10 +177,10 @@ class SqliteFence:
                 if not conn.in_transaction:
                     raise RuntimeError("the fenced transaction was committed or rolled back "
                                        "inside its block: the fence must end it")
-                conn.commit()
+                cur.execute("COMMIT")  # SQL, not conn.commit(): the same in every sqlite3 mode
             except BaseException:
                 if conn.in_transaction:
-                    conn.rollback()
+                    cur.execute("ROLLBACK")
                 raise
         finally:
             cur.close()
@@ -272,6 +272,7 @@ class PostgresFence:
                 cur.execute(self._sql.set_timeout, (str(self._sql.timeout_ms),))
             if cur.execute(self._sql.claim, (self.resource, token)).fetchone() is None:
                 recorded = cur.execute(self._sql.read, (self.resource,)).fetchone()
+                assert recorded is not None  # the claim met the row and holds its lock
                 raise StaleTokenError(self.resource, token, int(recorded[0]))
             yield cur
 
@@ -320,5 +321,6 @@ class AsyncPostgresFence:
             if await cur.fetchone() is None:
                 await cur.execute(self._sql.read, (self.resource,))
                 recorded = await cur.fetchone()
+                assert recorded is not None  # the claim met the row and holds its lock
                 raise StaleTokenError(self.resource, token, int(recorded[0]))
             yield cur
