@@ -12,6 +12,8 @@ MAX_TASKS = "group.connect.max.tasks"
 MAX_REBALANCE_TIMEOUT = "group.connect.max.rebalance.timeout.ms"
 MAX_ASSIGNMENT_TIMEOUT = "group.connect.max.assignment.timeout.ms"
 MAX_GROUPS = "group.max.groups"
+MAX_COMMIT_BYTES = "group.connect.offsets.max.commit.bytes"
+MAX_PARTITIONS = "group.connect.offsets.max.partitions"
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
 """The partition log's batch limit (``coordinator.runtime.log.DEFAULT_MAX_BATCH_BYTES``, which a
 test keeps equal): no handler's records may take more, whatever the request."""
@@ -59,6 +61,16 @@ class GroupCoordinatorConfig:
     items would fail)."""
     max_groups: int = 10_000
     """``group.max.groups``: groups the whole daemon may host (all partitions together)."""
+    max_offset_commit_bytes: int = 1024 * 1024
+    """``group.connect.offsets.max.commit.bytes``: the most bytes of partitions and offsets (their
+    JSON text, UTF-8) one ConnectGroupCommitOffsets or ConnectGroupAlterOffsets may carry."""
+    max_offset_partitions: int = 100_000
+    """``group.connect.offsets.max.partitions``: the most source partitions one connector may
+    have offsets for; a commit that would add more is refused."""
+    max_batch_records: int | None = None
+    """The most records one write may carry (the etcd store's ``etcd.max.txn.ops``; None: no
+    such bound, the file store's batch byte limit only). Offsets of deleted connectors are
+    tombstoned in batches of at most this many (and at most ``OFFSET_DELETE_BATCH``)."""
     group_count: Callable[[], int] | None = field(default=None, compare=False, repr=False)
     """How many groups the daemon hosts now, all partitions together (the runtime passes a
     function summing its shards' group tables; every shard runs on one event loop and a
@@ -96,6 +108,13 @@ class GroupCoordinatorConfig:
             raise ConfigError(f"{MAX_GROUPS} must be >= 1")
         if self.max_batch_bytes < 1024:
             raise ConfigError("max_batch_bytes must be >= 1024")
+        if not 1024 <= self.max_offset_commit_bytes <= self.max_batch_bytes // 2:
+            raise ConfigError(f"{MAX_COMMIT_BYTES} must be within [1024, "
+                              f"{self.max_batch_bytes // 2}] (half the log's batch limit)")
+        if self.max_offset_partitions < 1:
+            raise ConfigError(f"{MAX_PARTITIONS} must be >= 1")
+        if self.max_batch_records is not None and self.max_batch_records < 2:
+            raise ConfigError("max_batch_records must be >= 2")
         if self.empty_group_retention_ms < 0:
             raise ConfigError("empty group retention must be >= 0")
 

@@ -56,8 +56,14 @@ from connect_wire.instance_states import utf8_tail
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
     ConnectGroupAlterConnectorsResponse,
+    ConnectGroupAlterOffsetsRequest,
+    ConnectGroupAlterOffsetsResponse,
+    ConnectGroupCommitOffsetsRequest,
+    ConnectGroupCommitOffsetsResponse,
     ConnectGroupDescribeRequest,
     ConnectGroupDescribeResponse,
+    ConnectGroupFetchOffsetsRequest,
+    ConnectGroupFetchOffsetsResponse,
     ConnectGroupHeartbeatRequest,
     ConnectGroupHeartbeatResponse,
     ConnectGroupInstallAssignmentRequest,
@@ -66,9 +72,11 @@ from connect_wire.messages import (
     ConnectGroupPrepareAssignmentResponse,
 )
 from connect_wire.messages import connect_group_describe_response_v0 as _desc
+from connect_wire.messages import connect_group_fetch_offsets_response_v0 as _fetch
 from connect_wire.messages import connect_group_heartbeat_response_v0 as _hb
 from connect_wire.messages import connect_group_prepare_assignment_response_v0 as _prep
 from connect_wire.records import (
+    ConnectorOffsetKey,
     CurrentMemberAssignmentKey,
     GroupConfigurationKey,
     GroupConnectorsKey,
@@ -77,9 +85,10 @@ from connect_wire.records import (
     TargetAssignmentMemberKey,
     TargetAssignmentMetadataKey,
 )
+from connect_wire.verbs import STOPPED, target_state
 
 from . import records as rec
-from .config import MAX_REBALANCE_TIMEOUT, GroupCoordinatorConfig
+from .config import MAX_COMMIT_BYTES, MAX_PARTITIONS, MAX_REBALANCE_TIMEOUT, GroupCoordinatorConfig
 from .model import (
     ANONYMOUS,
     CONNECTOR,
@@ -102,6 +111,8 @@ from .model import (
     items_from_wire,
     split_items,
 )
+from .offsets import OffsetError, changes_from
+from .offsets import canonical_object as _canonical_object
 from .reconciliation import next_assignment
 from .records import assignment_bytes, connectors_log_bytes
 from .state import CoordinatorState, ReplayError
@@ -123,6 +134,11 @@ COMPUTE = "compute"
 SCHEDULED = "scheduled"
 EXPIRE = "expire"
 HOLD = "hold"
+OFFSETS = "offsets"
+"""Tombstone the next batch of a group's garbage offsets (deleted connectors'): group-level."""
+OFFSET_DELETE_BATCH = 100
+"""Most offset tombstones one write carries (below etcd's default of 128 operations per
+transaction; ``max_batch_records`` may lower it)."""
 
 TimerKey = tuple[str, str, str]
 """(kind, group id, member id or "")."""
@@ -555,6 +571,8 @@ class GroupCoordinator:
                 self._on_expire(txn, g, now_ms)
             elif kind == HOLD:
                 self._on_hold_expired(txn, g, member_id, now_ms)
+            elif kind == OFFSETS:
+                self._on_offsets_gc(txn, g, now_ms)
             if group_id in self.state.groups:
                 self._after(txn, g, now_ms)
 
@@ -581,6 +599,8 @@ class GroupCoordinator:
                     self._arm_hold(txn, g, mid, now_ms + max(cur.previous_epoch, 0))
             if g.scheduled_rebalance_at_ms >= 0 and g.epoch == g.assignment_epoch:
                 txn.timer(SCHEDULED, g.group_id, "", g.scheduled_rebalance_at_ms)
+            if g.offset_garbage:  # offsets of connectors deleted before a crash: tombstone them
+                txn.timer(OFFSETS, g.group_id, "", now_ms)
             if soft.rebalance_started is None and g.members and g.state != GroupState.STABLE:
                 soft.rebalance_started = (now_ms, g.epoch)  # (its duration counts from the load)
             self._after(txn, g, now_ms)
@@ -602,6 +622,36 @@ class GroupCoordinator:
         if g is None or member_id not in g.current:
             return None
         return self._assignment(g, g.current[member_id])
+
+    def commit_offsets(self, req: ConnectGroupCommitOffsetsRequest, now_ms: int) -> Result:
+        """A connector instance's offsets, fenced by its member epoch and ownership."""
+        return self._run(
+            lambda txn: self._commit_offsets(txn, req),
+            lambda code, msg: ConnectGroupCommitOffsetsResponse(error_code=code, error_message=msg),
+            now_ms,
+        )
+
+    def fetch_offsets(self, req: ConnectGroupFetchOffsetsRequest) -> ConnectGroupFetchOffsetsResponse:
+        """Read-only: a connector's committed offsets (all, or the partitions asked for)."""
+        try:
+            return self._fetch_offsets(req)
+        except _Reject as r:
+            return ConnectGroupFetchOffsetsResponse(error_code=r.code, error_message=r.message,
+                                                    offsets=())
+
+    def alter_offsets(self, req: ConnectGroupAlterOffsetsRequest, now_ms: int) -> Result:
+        """An operator's change of a stopped connector's offsets. A ``Reset`` removes at most
+        one batch of partitions per call: the caller repeats it while
+        :meth:`offset_count` is above zero."""
+        return self._run(
+            lambda txn: self._alter_offsets(txn, req),
+            lambda code, msg: ConnectGroupAlterOffsetsResponse(error_code=code, error_message=msg),
+            now_ms,
+        )
+
+    def offset_count(self, group_id: str, connector: str) -> int:
+        g = self.state.groups.get(group_id)
+        return len(g.offsets.get(connector, ())) if g is not None else 0
 
     # == plumbing =================================================================================
     def _run(self, body: Callable[[_Txn], Any], error: Callable[[int, str], Any],
@@ -1676,16 +1726,16 @@ class GroupCoordinator:
         self._bump(txn, g, now_ms, "scheduled_rebalance", scheduled_at_ms=at)
 
     def _maybe_arm_expiry(self, txn: _Txn, g: Group, now_ms: int) -> None:
-        if g.members or g.connectors:
-            return
+        if g.members or g.connectors or g.offset_garbage:
+            return  # (garbage offsets: their last tombstones arm it)
         if g.soft.empty_since_ms is None:
             g.soft.empty_since_ms = now_ms
         txn.timer(EXPIRE, g.group_id, "", g.soft.empty_since_ms + self.config.empty_group_retention_ms)
 
     def _on_expire(self, txn: _Txn, g: Group, now_ms: int) -> None:
         since = g.soft.empty_since_ms
-        if g.members or g.connectors or since is None:
-            return
+        if g.members or g.connectors or since is None or g.offsets or g.offset_garbage:
+            return  # (garbage offsets: their last tombstones arm the expiry again)
         if since + self.config.empty_group_retention_ms > now_ms:
             return
         gid = g.group_id
@@ -1734,8 +1784,11 @@ class GroupCoordinator:
         for name in req.deletes:
             del updated[name]
         for spec in req.upserts:
+            prior = current.get(spec.name)
             updated[spec.name] = ConnectorSpec(
-                spec.name, spec.task_count, tuple((c.name, c.value) for c in spec.config)
+                spec.name, spec.task_count, tuple((c.name, c.value) for c in spec.config),
+                prior.incarnation if prior is not None
+                else self._new_incarnation(g, spec.name, now_ms),
             )
         # (A group already above a lowered limit may still shrink, or change configs only.)
         total = item_count(updated.values())
@@ -1776,6 +1829,8 @@ class GroupCoordinator:
                 txn.wake.add((g.group_id, holder))
         if g.connectors:
             g.soft.empty_since_ms = None
+        if g.offset_garbage:  # a deleted connector's offsets: tombstoned in batches, from now
+            txn.timer(OFFSETS, g.group_id, "", now_ms)
         self._after(txn, g, now_ms)
         return ConnectGroupAlterConnectorsResponse(group_epoch=g.epoch)
 
@@ -1818,6 +1873,188 @@ class GroupCoordinator:
             f"{need - limit:,} bytes over the log's batch limit of {limit:,} bytes. Use "
             "smaller configs, fewer tasks or shorter connector names.",
         )
+
+    # == offsets ====================================================================================
+    @staticmethod
+    def _new_incarnation(g: Group | None, name: str, now_ms: int) -> int:
+        """A new connector's incarnation: above every incarnation its name's leftover offsets
+        carry, so a deleted and re-created connector never serves its predecessor's."""
+        incarnation = now_ms * 1000
+        garbage = g.offset_garbage.get(name) if g is not None else None
+        if garbage:
+            incarnation = max(incarnation, 1 + max(i for i, _ in garbage.values()))
+        return incarnation
+
+    def _offsets_target(self, group_id: str, connector: str) -> tuple[Group, ConnectorSpec]:
+        if not group_id:
+            raise _Reject(E.INVALID_GROUP_ID, "GroupId must be non-empty.")
+        g = self.state.groups.get(group_id)
+        if g is None:
+            raise _Reject(E.GROUP_ID_NOT_FOUND, f"Group {group_id} does not exist.")
+        spec = g.connectors.get(connector)
+        if spec is None:
+            raise _Reject(E.RESOURCE_NOT_FOUND,
+                          f"Connector {connector!r} does not exist in group {group_id}.")
+        return g, spec
+
+    def _offset_changes(self, pairs: Any) -> dict[str, str | None]:
+        try:
+            return changes_from(pairs, self.config.max_offset_commit_bytes, MAX_COMMIT_BYTES)
+        except OffsetError as exc:
+            message = str(exc)
+            if "Nothing was stored" not in message:
+                message += " Nothing was stored."
+            raise _Reject(E.INVALID_REQUEST, message) from None
+
+    def _write_offsets(self, txn: _Txn, g: Group, spec: ConnectorSpec,
+                       changes: dict[str, str | None]) -> None:
+        """Check the connector's partition limit and the store's records per write, then write
+        one record per changed partition: O(partitions in ``changes``)."""
+        name = spec.name
+        live = g.offsets.get(name, {})
+        added = removed = 0
+        for partition, offset in changes.items():
+            if partition in live:
+                removed += offset is None
+            elif offset is not None:
+                added += 1
+        after = len(live) + added - removed
+        limit = self.config.max_offset_partitions
+        if added and after > limit:
+            raise _Reject(
+                E.INVALID_REQUEST,
+                f"Connector {name!r} would have offsets for {after:,} source partitions "
+                f"({added:,} new); {MAX_PARTITIONS} is {limit:,}. Nothing was stored.")
+        per_write = self.config.max_batch_records
+        if per_write is not None and len(changes) > per_write:
+            raise _Reject(
+                E.INVALID_REQUEST,
+                f"{len(changes):,} partitions in one write; this coordinator's store takes at "
+                f"most {per_write:,} records per write (etcd.max.txn.ops). Nothing was stored: "
+                "send fewer partitions at a time.")
+        garbage = g.offset_garbage.get(name, {})
+        gid = g.group_id
+        for partition, offset in changes.items():
+            if offset is None:
+                if partition in live or partition in garbage:
+                    txn.write(rec.tombstone(rec.connector_offset_key(gid, name, partition)))
+            elif live.get(partition) != offset:
+                txn.write(rec.connector_offset(gid, name, partition, spec.incarnation, offset))
+
+    def _commit_offsets(self, txn: _Txn, req: ConnectGroupCommitOffsetsRequest) -> Any:
+        gid, member_id, epoch = req.group_id, req.member_id, req.member_epoch
+        if not gid:
+            raise _Reject(E.INVALID_GROUP_ID, "GroupId must be non-empty.")
+        g = self.state.groups.get(gid)
+        if g is None:
+            raise _Reject(E.GROUP_ID_NOT_FOUND, f"Group {gid} does not exist.")
+        if member_id not in g.members:
+            raise _Reject(E.UNKNOWN_MEMBER_ID,
+                          f"Member {member_id!r} is not a member of group {gid}: its offsets "
+                          "were not stored.")
+        cur = g.current.get(member_id, NEW_MEMBER_ASSIGNMENT)
+        if epoch != cur.epoch:
+            newer = epoch > cur.epoch
+            raise _Reject(
+                E.FENCED_MEMBER_EPOCH if newer else E.STALE_MEMBER_EPOCH,
+                f"MemberEpoch {epoch} is {'newer' if newer else 'older'} than member "
+                f"{member_id}'s current epoch {cur.epoch} in group {gid}: its offsets were not "
+                "stored.")
+        if req.task < CONNECTOR:
+            raise _Reject(E.INVALID_REQUEST,
+                          f"Task {req.task} is invalid (a task index, or -1 for the connector).")
+        g, spec = self._offsets_target(gid, req.connector)
+        item = Item(req.connector, req.task)
+        if item not in cur.assigned and item not in cur.revoking:
+            raise _Reject(
+                E.ITEM_NOT_OWNED,
+                f"Member {member_id} does not own {item} in group {gid} at epoch {epoch} "
+                "(not assigned to it, or already reported released): its offsets were not "
+                "stored.")
+        self._write_offsets(txn, g, spec, self._offset_changes(req.offsets))
+        return ConnectGroupCommitOffsetsResponse()
+
+    def _fetch_offsets(self, req: ConnectGroupFetchOffsetsRequest) -> ConnectGroupFetchOffsetsResponse:
+        g, spec = self._offsets_target(req.group_id, req.connector)
+        live = g.offsets.get(spec.name, {})
+        if req.partitions is None:
+            pairs = sorted(live.items())
+        else:
+            pairs = []
+            for i, text in enumerate(req.partitions):
+                try:
+                    partition, _ = _canonical_object(text, f"Partitions[{i}]")
+                except OffsetError as exc:
+                    raise _Reject(E.INVALID_REQUEST, str(exc)) from None
+                pairs.append((partition, live.get(partition)))
+        return ConnectGroupFetchOffsetsResponse(offsets=tuple(
+            _fetch.PartitionOffset(partition=p, offset=o) for p, o in pairs))
+
+    def _alter_offsets(self, txn: _Txn, req: ConnectGroupAlterOffsetsRequest) -> Any:
+        g, spec = self._offsets_target(req.group_id, req.connector)
+        state = target_state(dict(spec.config))
+        if state != STOPPED:
+            raise _Reject(
+                E.INVALID_REQUEST,
+                f"Connectors must be in the STOPPED state before their offsets can be modified "
+                f"(connector {spec.name!r} is {state}). This can be done for the specified "
+                f"connector by running 'connect-coordinator connectors stop --group "
+                f"{g.group_id} {spec.name}'.")
+        if req.reset:
+            if req.offsets:
+                raise _Reject(E.INVALID_REQUEST,
+                              "Reset removes every offset of the connector: Offsets must be empty.")
+            if req.validate_only:
+                return ConnectGroupAlterOffsetsResponse()
+            live = g.offsets.get(spec.name, {})
+            batch = self._delete_batch([(spec.name, p) for p in live], g.group_id)
+            for name, partition in batch:
+                txn.write(rec.tombstone(rec.connector_offset_key(g.group_id, name, partition)))
+            return ConnectGroupAlterOffsetsResponse()
+        changes = self._offset_changes(req.offsets)
+        if req.validate_only:
+            # (the same checks as the write, on a transaction thrown away)
+            probe = _Txn(self.state)
+            try:
+                self._write_offsets(probe, g, spec, changes)
+            finally:
+                probe.rollback()
+            return ConnectGroupAlterOffsetsResponse()
+        self._write_offsets(txn, g, spec, changes)
+        return ConnectGroupAlterOffsetsResponse()
+
+    def _delete_batch(self, keys: Iterable[tuple[str, str]], group_id: str) -> list[tuple[str, str]]:
+        """The first of ``keys`` (connector, partition) that one write may tombstone: at most
+        ``OFFSET_DELETE_BATCH`` (and the store's records per write) and about
+        ``group.connect.offsets.max.commit.bytes`` of keys, at least one."""
+        most = OFFSET_DELETE_BATCH
+        if self.config.max_batch_records is not None:
+            most = min(most, self.config.max_batch_records)
+        budget = self.config.max_offset_commit_bytes
+        out: list[tuple[str, str]] = []
+        used = 0
+        for name, partition in keys:
+            size = len(partition.encode("utf-8")) + len(name.encode("utf-8")) + len(group_id) + 32
+            if out and (len(out) >= most or used + size > budget):
+                break
+            out.append((name, partition))
+            used += size
+        return out
+
+    def _on_offsets_gc(self, txn: _Txn, g: Group, now_ms: int) -> None:
+        """Tombstone one batch of the group's garbage offsets; again at once while some are
+        left; then the group may expire (if it has nothing else)."""
+        if not g.offset_garbage:
+            return
+        batch = self._delete_batch(
+            ((name, p) for name, parts in g.offset_garbage.items() for p in parts), g.group_id)
+        for name, partition in batch:
+            txn.write(rec.tombstone(ConnectorOffsetKey(
+                group_id=g.group_id, connector=name, partition=partition)))
+        if g.offset_garbage:
+            txn.timer(OFFSETS, g.group_id, "", now_ms)
+        else:
+            self._maybe_arm_expiry(txn, g, now_ms)
 
     def _describe_group(self, group_id: str) -> Any:
         g = self.state.groups.get(group_id)
@@ -1875,6 +2112,7 @@ class GroupCoordinator:
                 _desc.ConnectorSpec(
                     name=c.name, task_count=c.task_count,
                     config=tuple(_desc.ConfigEntry(name=k, value=v) for k, v in c.config),
+                    offset_count=len(g.offsets.get(c.name, ())),
                 )
                 for c in sorted(g.connectors.values(), key=lambda c: c.name)
             ),
@@ -1893,6 +2131,7 @@ __all__ = [
     "CONNECTOR",
     "EXPIRE",
     "FENCE_REASONS",
+    "OFFSETS",
     "GroupEvent",
     "REBALANCE",
     "SCHEDULED",

@@ -70,6 +70,7 @@ class ConnectorSpec:
     name: str
     task_count: int
     config: tuple[tuple[str, str | None], ...] = ()
+    incarnation: int = 0
 
     def items(self) -> list[Item]:
         return connector_items(self.name, self.task_count)
@@ -307,6 +308,12 @@ class Group:
     configs: dict[str, str | None] = field(default_factory=dict)
     has_metadata: bool = False  # a GroupMetadata record exists
     has_target_metadata: bool = False
+    offsets: dict[str, dict[str, str]] = field(default_factory=dict)
+    """connector -> source partition -> offset (canonical JSON), of the connector's live
+    incarnation (records ``ConnectorOffset``): a commit touches only its own partitions."""
+    offset_garbage: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
+    """connector -> partition -> (incarnation, offset): offset records of a deleted connector
+    (or an older incarnation of it) not yet tombstoned; never served, removed in batches."""
     # -- derived indexes, maintained by replay ------------------------------------------------
     owner: dict[Item, str] = field(default_factory=dict)  # item -> member owning it (current)
     target_owner: dict[Item, str] = field(default_factory=dict)  # item -> member (target)
@@ -334,6 +341,8 @@ class Group:
             "configs": dict(self.configs),
             "has_metadata": self.has_metadata,
             "has_target_metadata": self.has_target_metadata,
+            "offsets": {c: dict(p) for c, p in self.offsets.items()},
+            "offset_garbage": {c: dict(p) for c, p in self.offset_garbage.items()},
             "owner": dict(self.owner),
             "target_owner": dict(self.target_owner),
             "static_members": dict(self.static_members),

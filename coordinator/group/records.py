@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 from connect_wire import codec
 from connect_wire.records import (
+    ConnectorOffsetKey,
+    ConnectorOffsetValue,
     CurrentMemberAssignmentKey,
     CurrentMemberAssignmentValue,
     GroupConfigurationKey,
@@ -72,6 +74,7 @@ def group_connectors(group_id: str, epoch: int, connectors: Iterable[ConnectorSp
             name=c.name,
             task_count=c.task_count,
             config=tuple(_gc.ConfigEntry(name=k, value=v) for k, v in c.config),
+            incarnation=c.incarnation,
         )
         for c in sorted(connectors, key=lambda c: c.name)
     )
@@ -159,6 +162,19 @@ def group_configuration(group_id: str, configs: dict[str, str | None]) -> Record
     )
 
 
+def connector_offset(
+    group_id: str, connector: str, partition: str, incarnation: int, offset: str
+) -> Record:
+    return Record(
+        ConnectorOffsetKey(group_id=group_id, connector=connector, partition=partition),
+        ConnectorOffsetValue(incarnation=incarnation, offset=offset),
+    )
+
+
+def connector_offset_key(group_id: str, connector: str, partition: str) -> ConnectorOffsetKey:
+    return ConnectorOffsetKey(group_id=group_id, connector=connector, partition=partition)
+
+
 def tombstone(key: Any) -> Record:
     return Record(key, None)
 
@@ -219,6 +235,7 @@ def connectors_from(value: GroupConnectorsValue) -> dict[str, ConnectorSpec]:
             name=c.name,
             task_count=c.task_count,
             config=tuple((e.name, e.value) for e in c.config),
+            incarnation=c.incarnation,
         )
         for c in value.connectors
     }

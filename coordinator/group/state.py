@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from connect_wire.records import (
+    ConnectorOffsetKey,
     CurrentMemberAssignmentKey,
     GroupConfigurationKey,
     GroupConnectorsKey,
@@ -121,6 +122,10 @@ class CoordinatorState:
         configs = None if value is None else {c.name: c.value for c in value.configs}
         self.apply_configuration(key.group_id, configs)
 
+    def _replay_offset(self, key: Any, value: Any) -> None:
+        self.apply_offset(key.group_id, key.connector, key.partition,
+                          None if value is None else (value.incarnation, value.offset))
+
     # -- apply: one record's model values (None: a tombstone) --------------------------------
     def apply_group_metadata(self, group_id: str, epoch: int | None) -> None:
         if epoch is None:
@@ -145,6 +150,7 @@ class CoordinatorState:
         if connectors is None:
             g = self.groups.get(group_id)
             if g is not None:
+                _move_offsets(g, {})
                 g.connectors = {}
                 g.configured = set()
                 g.connectors_epoch = 0
@@ -164,6 +170,7 @@ class CoordinatorState:
             if problem is not None:
                 _refuse(group_id, "connectors", problem)
         g = self._group(group_id)
+        _move_offsets(g, connectors)
         g.connectors = connectors
         g.connectors_epoch = epoch
         g.configured = {i for c in connectors.values() for i in c.items()}
@@ -297,6 +304,40 @@ class CoordinatorState:
         else:
             g.unreconciled.discard(member_id)
 
+    def apply_offset(
+        self, group_id: str, connector: str, partition: str, value: tuple[int, str] | None
+    ) -> None:
+        """One partition's offset (``value``: (incarnation, offset); None: a tombstone). An
+        offset of the connector's live incarnation is served; any other is garbage, kept apart
+        until it is tombstoned. O(1)."""
+        g = self.groups.get(group_id) if value is None else self._group(group_id)
+        if g is None:
+            return
+        live = g.offsets.get(connector)
+        garbage = g.offset_garbage.get(connector)
+        if live is not None and partition in live:
+            del live[partition]
+            if not live:
+                del g.offsets[connector]
+                live = None
+        if garbage is not None and partition in garbage:
+            del garbage[partition]
+            if not garbage:
+                del g.offset_garbage[connector]
+                garbage = None
+        if value is None:
+            return
+        incarnation, offset = value
+        spec = g.connectors.get(connector)
+        if spec is not None and spec.incarnation == incarnation:
+            if live is None:
+                live = g.offsets[connector] = {}
+            live[partition] = offset
+        else:
+            if garbage is None:
+                garbage = g.offset_garbage[connector] = {}
+            garbage[partition] = value
+
     def apply_configuration(self, group_id: str, configs: dict[str, str | None] | None) -> None:
         g = self.groups.get(group_id) if configs is None else self._group(group_id)
         if g is None:
@@ -353,11 +394,53 @@ class CoordinatorState:
             return rec.current_assignment(g.group_id, key.member_id, c) if c else rec.tombstone(key)
         if t is GroupConfigurationKey:
             return rec.group_configuration(g.group_id, g.configs) if g.configs else rec.tombstone(key)
+        if t is ConnectorOffsetKey:
+            live = g.offsets.get(key.connector)
+            if live is not None and key.partition in live:
+                incarnation = g.connectors[key.connector].incarnation
+                return rec.connector_offset(g.group_id, key.connector, key.partition, incarnation,
+                                            live[key.partition])
+            garbage = g.offset_garbage.get(key.connector)
+            if garbage is not None and key.partition in garbage:
+                incarnation, offset = garbage[key.partition]
+                return rec.connector_offset(g.group_id, key.connector, key.partition, incarnation,
+                                            offset)
+            return rec.tombstone(key)
         raise ReplayError(f"unknown record key type {t.__name__}")
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """The durable state of every group, for equality checks."""
         return {gid: g.durable() for gid, g in self.groups.items()}
+
+
+def _move_offsets(g: Group, connectors: dict[str, ConnectorSpec]) -> None:
+    """A connectors record replaces ``g.connectors`` by ``connectors``: the offsets of a
+    connector gone (or of an incarnation replaced) become garbage; those of a connector (back)
+    at an incarnation they carry are served again (a rolled-back delete). O(connectors) plus
+    the offsets moved."""
+    old = g.connectors
+    for name, spec in old.items():
+        new = connectors.get(name)
+        if (new is None or new.incarnation != spec.incarnation) and name in g.offsets:
+            garbage = g.offset_garbage.setdefault(name, {})
+            incarnation = spec.incarnation
+            for partition, offset in g.offsets.pop(name).items():
+                garbage[partition] = (incarnation, offset)
+    if not g.offset_garbage:
+        return
+    for name, spec in connectors.items():
+        prev = old.get(name)
+        garbage = g.offset_garbage.get(name)
+        if garbage is None or (prev is not None and prev.incarnation == spec.incarnation):
+            continue
+        incarnation = spec.incarnation
+        back = {p: o for p, (i, o) in garbage.items() if i == incarnation}
+        if back:
+            for partition in back:
+                del garbage[partition]
+            if not garbage:
+                del g.offset_garbage[name]
+            g.offsets.setdefault(name, {}).update(back)
 
 
 def _owned(c: CurrentAssignment) -> frozenset[Item]:
@@ -378,4 +461,5 @@ _REPLAY = {
     TargetAssignmentMetadataKey: CoordinatorState._replay_target_metadata,
     CurrentMemberAssignmentKey: CoordinatorState._replay_current,
     GroupConfigurationKey: CoordinatorState._replay_configuration,
+    ConnectorOffsetKey: CoordinatorState._replay_offset,
 }

@@ -39,6 +39,7 @@ from connect_wire import codec
 from connect_wire.records import (
     RECORD_KEYS,
     RECORD_VALUES,
+    ConnectorOffsetKey,
     CurrentMemberAssignmentKey,
     GroupConfigurationKey,
     GroupConnectorsKey,
@@ -407,6 +408,7 @@ _KIND = {  # key class -> the kind the loader dispatches on
     TargetAssignmentMetadataKey: 5,
     CurrentMemberAssignmentKey: 6,
     GroupConfigurationKey: 7,
+    ConnectorOffsetKey: 8,
 }
 _GROUP_KEY = (False, ("group_id", "string", "str"))
 _MEMBER_KEY = (*_GROUP_KEY, ("member_id", "string", "str"))
@@ -587,7 +589,10 @@ class _Loader:
                 if kind_of is None:
                     raise ReplayError(f"unknown record key type {type(key).__name__}")
                 group_id = self.group_ids.setdefault(key.group_id, key.group_id)
-                info = (kind_of, group_id, getattr(key, "member_id", None))
+                if kind_of == 8:  # (connector, partition) in the member id's place
+                    info = (kind_of, group_id, (key.connector, key.partition))
+                else:
+                    info = (kind_of, group_id, getattr(key, "member_id", None))
         self.keys[key_bytes] = info
         return info
 
@@ -775,6 +780,13 @@ class _Loader:
             else:
                 v = decode_value(2, value)
                 state.apply_connectors(group_id, v.epoch, rec.connectors_from(v))
+        elif kind == 8:
+            connector, partition = member_id
+            if value is None:
+                state.apply_offset(group_id, connector, partition, None)
+            else:
+                v = decode_value(11, value)
+                state.apply_offset(group_id, connector, partition, (v.incarnation, v.offset))
         else:  # 7
             configs = None if value is None else {c.name: c.value for c in decode_value(7, value).configs}
             state.apply_configuration(group_id, configs)

@@ -26,8 +26,11 @@ from connect_wire.apis import APIS, ApiKey
 from connect_wire.errors import ErrorCode
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsResponse,
+    ConnectGroupAlterOffsetsResponse,
+    ConnectGroupCommitOffsetsResponse,
     ConnectGroupDescribeRequest,
     ConnectGroupDescribeResponse,
+    ConnectGroupFetchOffsetsResponse,
     ConnectGroupHeartbeatResponse,
     ConnectGroupInstallAssignmentResponse,
     ConnectGroupPrepareAssignmentResponse,
@@ -66,6 +69,16 @@ HEAP_TRIM_INTERVAL_S = 2.0  # malloc_trim at most this often, while TLS connecti
 DENIAL_LOG_INTERVAL_S = 10.0  # an authorization denial is logged once per this per principal,
 DENIAL_LOG_KEYS = 10_000  # API and resource (the keys remembered: forgotten all at once past it)
 LOG_LINES_PER_INTERVAL = 20  # lines of one such kind per interval, every key together
+_OFFSET_RESPONSES: dict[int, type] = {
+    ApiKey.CONNECT_GROUP_COMMIT_OFFSETS: ConnectGroupCommitOffsetsResponse,
+    ApiKey.CONNECT_GROUP_FETCH_OFFSETS: ConnectGroupFetchOffsetsResponse,
+    ApiKey.CONNECT_GROUP_ALTER_OFFSETS: ConnectGroupAlterOffsetsResponse,
+}
+_OFFSET_OPERATIONS = {
+    ApiKey.CONNECT_GROUP_COMMIT_OFFSETS: "READ",
+    ApiKey.CONNECT_GROUP_FETCH_OFFSETS: "DESCRIBE",
+    ApiKey.CONNECT_GROUP_ALTER_OFFSETS: "ALTER",
+}
 DECISIONS_CACHED = 50_000  # authorizer decisions remembered (all forgotten at once past it)
 PLAIN_THREADS = 2  # PLAIN's password derivations (PBKDF2): their own pool, not the default one
 PLAIN_MAX_PENDING = 16  # derivations running or waiting; past it a PLAIN attempt fails at once
@@ -164,6 +177,9 @@ class Router:
                 error_code=code, error_message=msg, group_epoch=-1)
         if api_key == ApiKey.CONNECT_GROUP_DESCRIBE:
             return lambda code, msg: ConnectGroupDescribeResponse(groups=())
+        if api_key in _OFFSET_RESPONSES:
+            response = _OFFSET_RESPONSES[api_key]
+            return lambda code, msg: response(error_code=code, error_message=msg)
         raise KeyError(api_key)
 
     def error_response(self, request: Any, code: int, message: str, items: bool = True) -> Any:
@@ -193,7 +209,7 @@ class Router:
         if api_key == ApiKey.CONNECT_GROUP_HEARTBEAT:
             return self._hb_error(None, self.server.heartbeat_interval_ms)(ErrorCode.INVALID_REQUEST, text)
         if api_key in (ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT, ApiKey.CONNECT_GROUP_INSTALL_ASSIGNMENT,
-                       ApiKey.CONNECT_GROUP_ALTER_CONNECTORS):
+                       ApiKey.CONNECT_GROUP_ALTER_CONNECTORS, *_OFFSET_RESPONSES):
             return self._error(api_key)(ErrorCode.INVALID_REQUEST, text)
         return None
 
@@ -258,6 +274,8 @@ class Router:
             if len(req.group_ids) > s.max_request_items:
                 return self._gather(self._too_many_describe(req.group_ids, s.max_request_items))
             return self._connect_describe(req, ctx)
+        if api_key in _OFFSET_RESPONSES:
+            return self._offsets(api_key, req, ctx)
         shard = self.shard_of(req.group_id)
         error = self._error(api_key)
         if self.acl:
@@ -279,6 +297,43 @@ class Router:
             return shard.write(fn, error)
         except ShardUnavailable as exc:
             return error(exc.code, exc.message)
+
+    def _offsets(self, api_key: int, req: Any, ctx: RequestContext) -> Any:
+        """ConnectGroupCommitOffsets (READ on the group, as a heartbeat), FetchOffsets
+        (DESCRIBE), AlterOffsets (ALTER), on the group's partition. A Reset removes a batch of
+        partitions per write, repeated until none is left."""
+        error = self._error(api_key)
+        if self.acl:
+            refused = self.denied(ctx, APIS[api_key].name, _OFFSET_OPERATIONS[api_key], "GROUP",
+                                  req.group_id)
+            if refused is not None:
+                return error(ErrorCode.GROUP_AUTHORIZATION_FAILED, refused)
+        shard = self.shard_of(req.group_id)
+        try:
+            if api_key == ApiKey.CONNECT_GROUP_COMMIT_OFFSETS:
+                return shard.write(lambda core, now: core.commit_offsets(req, now), error)
+            if api_key == ApiKey.CONNECT_GROUP_ALTER_OFFSETS and not (
+                    req.reset and not req.validate_only):
+                return shard.write(lambda core, now: core.alter_offsets(req, now), error)
+        except ShardUnavailable as exc:
+            return error(exc.code, exc.message)
+
+        async def run() -> Any:
+            try:
+                if api_key == ApiKey.CONNECT_GROUP_FETCH_OFFSETS:
+                    return await shard.read(lambda core: core.fetch_offsets(req))
+                while True:  # a Reset
+                    response = await shard.write(lambda core, now: core.alter_offsets(req, now),
+                                                 error)
+                    if response.error_code:
+                        return response
+                    left = await shard.read(
+                        lambda core: core.offset_count(req.group_id, req.connector))
+                    if not left:
+                        return response
+            except ShardUnavailable as exc:
+                return error(exc.code, exc.message)
+        return self._gather(run())
 
     @staticmethod
     def _too_many_describe(group_ids: Any, limit: int) -> Any:

@@ -79,7 +79,8 @@ _RUN_STOP = INFLIGHT | WRITE | HEAVY | AUTH
 # one callback). Workers never pipeline these; heartbeats are not among them.
 _HEAVY_KEYS = frozenset({ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_GROUPS,
                          ApiKey.LIST_GROUPS, ApiKey.CONNECT_GROUP_DESCRIBE,
-                         ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT})
+                         ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT,
+                         ApiKey.CONNECT_GROUP_FETCH_OFFSETS})
 _DRAIN_SLICE_S = 0.005  # a backlog drain yields to the loop after this long
 _PEER_CLOSED = (7, 8)  # Linux TCP states CLOSE and CLOSE_WAIT (tcp_info.tcpi_state)
 
