@@ -9,6 +9,9 @@
     connect-coordinator connectors describe --group G NAME [--json]
     connect-coordinator connectors restart --group G NAME [--task N]
     connect-coordinator connectors pause|resume|stop --group G NAME
+    connect-coordinator connectors offsets get --group G NAME [--json]
+    connect-coordinator connectors offsets alter --group G NAME --file F [--validate-only]
+    connect-coordinator connectors offsets reset --group G NAME [--validate-only]
     connect-coordinator groups list [--json]
     connect-coordinator groups describe G [G ...] [--json]
     connect-coordinator users list|add|delete ...      SCRAM users (coordinator/security/cli.py)
@@ -41,9 +44,12 @@ from connect_wire.cliutil import StrictParser, add_version
 from connect_wire.errors import error_name
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
+    ConnectGroupAlterOffsetsRequest,
     ConnectGroupDescribeRequest,
+    ConnectGroupFetchOffsetsRequest,
 )
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
+from connect_wire.messages import connect_group_alter_offsets_request_v0 as _alter_offsets
 from coordinator.admin import AdminError, AdminSession
 from coordinator.group.config import ConfigError
 
@@ -188,6 +194,36 @@ def parser() -> argparse.ArgumentParser:
         v.add_argument("name", help="connector name")
         if action == "restart":
             v.add_argument("--task", type=_task_id, metavar="N", help="restart only task N")
+
+    # Source offsets (Kafka Connect's GET/PATCH/DELETE /connectors/{c}/offsets).
+    off = csub.add_parser(
+        "offsets", help="get, alter or reset a connector's source offsets",
+        description="A connector's source offsets: pairs of a source partition and an offset, "
+        "both JSON objects, in Kafka Connect's JSON shape "
+        '{"offsets": [{"partition": {...}, "offset": {...}}]}. alter and reset need the '
+        "connector STOPPED first ('connectors stop'), and ALTER on the group when ACLs are on.")
+    osub = off.add_subparsers(dest="offsets_action", required=True, metavar="ACTION")
+    og = admin(osub, "get", "print a connector's committed offsets (needs DESCRIBE on the group)")
+    og.add_argument("--group", required=True, help="the worker group")
+    og.add_argument("name", help="connector name")
+    og.add_argument("--json", action="store_true",
+                    help='Kafka Connect\'s shape: {"offsets": [{"partition": ..., "offset": ...}]}')
+    oa = admin(osub, "alter", "set or remove offsets of a STOPPED connector from a JSON file "
+               "(merged as Kafka Connect's PATCH: the partitions given are set, an offset of "
+               "null removes its partition, the others stay)")
+    oa.add_argument("--group", required=True, help="the worker group")
+    oa.add_argument("name", help="connector name")
+    oa.add_argument("--file", required=True, metavar="F",
+                    help='JSON file ("-": standard input): {"offsets": [{"partition": {...}, '
+                    '"offset": {...} or null}, ...]}, as \'offsets get --json\' prints')
+    oa.add_argument("--validate-only", action="store_true",
+                    help="check the file and the connector's state, change nothing")
+    orr = admin(osub, "reset", "remove every offset of a STOPPED connector (its tasks start "
+                "from nothing when it is resumed)")
+    orr.add_argument("--group", required=True, help="the worker group")
+    orr.add_argument("name", help="connector name")
+    orr.add_argument("--validate-only", action="store_true",
+                     help="check the connector's state, change nothing")
 
     groups = sub.add_parser("groups", help="list or describe groups")
     gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -378,7 +414,80 @@ def _describe_text(c: dict[str, Any]) -> str:
                       "  config:", *(f"    {k}={v}" for k, v in c["plugin_config"].items())]) + "\n"
 
 
+def _offsets_file(path: str) -> list[tuple[str, str | None]]:
+    """(partition, offset or None) pairs of an ``offsets alter --file``, as canonical JSON."""
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{path} is not JSON: {exc}") from None
+    entries = doc.get("offsets") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise CliError(f'{path} must be a JSON object with an "offsets" list: '
+                       '{"offsets": [{"partition": {...}, "offset": {...}}]}')
+    if not entries:
+        raise CliError(f'{path}: "offsets" is empty: nothing to alter (to remove every offset, '
+                       "use 'connectors offsets reset')")
+    pairs: list[tuple[str, str | None]] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("partition"), dict):
+            raise CliError(f'{path}: offsets[{i}] must be an object with a "partition" object')
+        if "offset" not in entry or not (entry["offset"] is None or isinstance(entry["offset"], dict)):
+            raise CliError(f'{path}: offsets[{i}] must have an "offset": an object, or null to '
+                           "remove the partition")
+        offset = entry["offset"]
+        pairs.append((_canonical(entry["partition"]),
+                      None if offset is None else _canonical(offset)))
+    return pairs
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def cmd_offsets(args: argparse.Namespace, out: Any) -> None:
+    action = args.offsets_action
+    pairs = _offsets_file(args.file) if action == "alter" else []
+    with _session(args) as client:
+        if action == "get":
+            resp = client.group_call(args.group, ConnectGroupFetchOffsetsRequest(
+                group_id=args.group, connector=args.name, partitions=None))
+            _check(resp.error_code, resp.error_message)
+            entries = [{"partition": json.loads(p.partition),
+                        "offset": None if p.offset is None else json.loads(p.offset)}
+                       for p in resp.offsets]
+            if args.json:
+                out.write(json.dumps({"offsets": entries}, indent=2, ensure_ascii=False) + "\n")
+            elif not entries:
+                out.write(f"connector {args.name} has no committed offsets\n")
+            else:
+                rows = [[p.partition, p.offset or ""] for p in resp.offsets]
+                out.write(_table(rows, ["PARTITION", "OFFSET"]) + "\n")
+            return
+        req = ConnectGroupAlterOffsetsRequest(
+            group_id=args.group, connector=args.name, reset=action == "reset",
+            offsets=tuple(_alter_offsets.PartitionOffset(partition=p, offset=o) for p, o in pairs),
+            validate_only=args.validate_only)
+        resp = client.group_call(args.group, req)
+        _check(resp.error_code, resp.error_message)
+        if args.validate_only:
+            out.write(f"valid: the offsets of connector {args.name} can be "
+                      f"{'reset' if action == 'reset' else 'altered'}\n")
+        elif action == "reset":
+            out.write(f"The offsets for connector {args.name} have been reset successfully.\n")
+        else:
+            removed = sum(o is None for _, o in pairs)
+            out.write(f"The offsets for connector {args.name} have been altered successfully "
+                      f"({len(pairs) - removed} set, {removed} removed).\n")
+
+
 def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
+    if args.action == "offsets":
+        cmd_offsets(args, out)
+        return
     with _session(args) as client:
         if args.action == "status":  # (Status)
             (g,) = _describe(client, [args.group])

@@ -262,6 +262,15 @@ SETTINGS: tuple[Setting, ...] = (
             "Most groups this coordinator hosts, all partitions together; a heartbeat join or "
             "ConnectGroupAlterConnectors that would create one more gets INVALID_REQUEST. Groups "
             "already in the log load regardless.", _positive),
+    Setting("group.connect.offsets.max.commit.bytes", int, _G.max_offset_commit_bytes,
+            "Most bytes of source partitions and offsets (canonical JSON, UTF-8) one "
+            "ConnectGroupCommitOffsets or ConnectGroupAlterOffsets may carry; more gets "
+            "INVALID_REQUEST and nothing is stored. At most half the log's batch limit.",
+            lambda v: None if 1024 <= v <= DEFAULT_MAX_BATCH_BYTES // 2
+            else f"must be within [1024, {DEFAULT_MAX_BATCH_BYTES // 2}]"),
+    Setting("group.connect.offsets.max.partitions", int, _G.max_offset_partitions,
+            "Most source partitions one connector may have offsets for; a commit or alter "
+            "adding more gets INVALID_REQUEST and nothing is stored.", _positive),
     Setting("group.connect.empty.group.retention.ms", int, _G.empty_group_retention_ms,
             "A group with no members and no connectors is deleted after this long.",
             _non_negative),
@@ -466,6 +475,9 @@ class ServerConfig:
             empty_group_retention_ms=self["group.connect.empty.group.retention.ms"],
             max_groups=self["group.max.groups"],
             max_batch_bytes=DEFAULT_MAX_BATCH_BYTES,
+            max_offset_commit_bytes=self["group.connect.offsets.max.commit.bytes"],
+            max_offset_partitions=self["group.connect.offsets.max.partitions"],
+            max_batch_records=self["etcd.max.txn.ops"] if self["store"] == "etcd" else None,
         )
 
     @property

@@ -1,0 +1,226 @@
+"""Connector offsets end to end, a real daemon over TCP: fenced commits, durability across a
+kill -9 (file store) and on etcd, and the operators' CLI (``connectors offsets get|alter|reset``)
+with its STOPPED rule and the ALTER ACL."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connect_wire.errors import ErrorCode as E
+from connect_wire.messages import (
+    ConnectGroupCommitOffsetsRequest,
+    ConnectGroupFetchOffsetsRequest,
+)
+from connect_wire.messages import connect_group_commit_offsets_request_v0 as _com
+from tests.daemon_fixture import Daemon, DaemonPool, run_cli
+from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
+from tests.test_daemon_e2e import Admin, Worker
+
+LONG_SESSIONS = {"CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": "300000",
+                 "CONNECT_COORDINATOR_GROUP_CONNECT_HEARTBEAT_INTERVAL_MS": "3000"}
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[DaemonPool]:
+    with DaemonPool(tmp_path) as p:
+        yield p
+
+
+def part(n: int) -> str:
+    return json.dumps({"file": f"f{n}"}, sort_keys=True, separators=(",", ":"))
+
+
+def off(n: int) -> str:
+    return json.dumps({"line": n}, sort_keys=True, separators=(",", ":"))
+
+
+def commit(w: Worker, pairs: list[tuple[str, str | None]], connector: str = "A", task: int = 0,
+           epoch: int | None = None) -> Any:
+    return w.client.call(ConnectGroupCommitOffsetsRequest(
+        group_id=w.group, member_id=w.member_id, member_epoch=w.epoch if epoch is None else epoch,
+        connector=connector, task=task,
+        offsets=tuple(_com.PartitionOffset(partition=p, offset=o) for p, o in pairs)))
+
+
+def fetched(admin: Admin, connector: str = "A") -> dict[str, str | None]:
+    r = admin.client.call(ConnectGroupFetchOffsetsRequest(group_id=admin.group,
+                                                          connector=connector, partitions=None))
+    assert r.error_code == 0, r
+    return {p.partition: p.offset for p in r.offsets}
+
+
+def running_worker(d: Daemon, connectors: dict[str, int]) -> tuple[Admin, Worker]:
+    admin = Admin(d)
+    assert admin.alter(connectors).error_code == 0
+    w = Worker(d, "W1")
+    w.ok()
+    items = [i for name, n in connectors.items() for i in (name, *(f"{name}/{t}" for t in range(n)))]
+    w.compute({"W1": items})
+    w.ok()
+    assert w.epoch >= 1 and sorted(w.running) == sorted(items), w.running
+    return admin, w
+
+
+def cli(*args: str, ok: bool = True) -> Any:
+    done = run_cli(*args)
+    assert (done.returncode == 0) == ok, done.stdout + done.stderr
+    return done
+
+
+def test_commits_survive_kill_9_and_the_cli_manages_them(tmp_path: Path, pool: DaemonPool) -> None:
+    data = tmp_path / "data"
+    d = pool.start(data, extra_env=LONG_SESSIONS)
+    admin, w = running_worker(d, {"A": 1, "B": 1})
+    assert commit(w, [(part(i), off(i)) for i in range(50)]).error_code == 0
+    assert commit(w, [(part(0), None), (part(1), off(100))]).error_code == 0
+    # fenced: a stale epoch, an unknown member, an item it does not own; nothing stored
+    r = commit(w, [(part(99), off(1))], epoch=w.epoch - 1)
+    assert r.error_code == E.STALE_MEMBER_EPOCH, r
+    w2 = Worker(d, "nobody")
+    w2.epoch = w.epoch
+    assert commit(w2, [(part(99), off(1))]).error_code == E.UNKNOWN_MEMBER_ID
+    assert commit(w, [(part(99), off(1))], task=5).error_code == E.ITEM_NOT_OWNED
+    r = commit(w, [(part(99), "not json")])
+    assert r.error_code == E.INVALID_REQUEST and "Offsets[0].Offset is not JSON" in r.error_message
+    before = fetched(admin)
+    assert len(before) == 49 and before[part(1)] == off(100) and part(99) not in before
+    admin.close()
+    w.close()
+    w2.close()
+
+    d.kill()  # kill -9: what was answered is on disk
+    d = pool.start(data, extra_env=LONG_SESSIONS)
+    admin = Admin(d)
+    assert fetched(admin) == before
+    spec = next(c for c in admin.describe().connectors if c.name == "A")
+    assert spec.offset_count == 49
+
+    boot = ("--bootstrap", d.bootstrap, "--group", "g")
+    got = json.loads(cli("connectors", "offsets", "get", *boot, "A", "--json").stdout)
+    assert got["offsets"][0] == {"partition": {"file": "f1"}, "offset": {"line": 100}}
+    assert len(got["offsets"]) == 49
+    text = cli("connectors", "offsets", "get", *boot, "B").stdout
+    assert "has no committed offsets" in text
+    assert '{"file":"f1"}' in cli("connectors", "offsets", "get", *boot, "A").stdout
+
+    # alter/reset refused while the connector runs: exit 1, Kafka Connect's message
+    patch = tmp_path / "patch.json"
+    patch.write_text(json.dumps({"offsets": [
+        {"partition": {"file": "f1"}, "offset": {"line": 7}},
+        {"partition": {"file": "f2"}, "offset": None},
+        {"partition": {"file": "new"}, "offset": {"line": 1}}]}))
+    for action in (["alter", "--file", str(patch)], ["reset"]):
+        done = cli("connectors", "offsets", action[0], *boot, "A", *action[1:], ok=False)
+        assert done.returncode == 1
+        assert "Connectors must be in the STOPPED state before their offsets can be modified" \
+            in done.stderr
+        assert "connect-coordinator connectors stop --group g A" in done.stderr
+    assert fetched(admin) == before
+
+    cli("connectors", "stop", *boot, "A")
+    out = cli("connectors", "offsets", "alter", *boot, "A", "--file", str(patch)).stdout
+    assert "altered successfully (2 set, 1 removed)" in out
+    after = fetched(admin)
+    assert after[part(1)] == off(7) and part(2) not in after
+    assert after['{"file":"new"}'] == off(1) and len(after) == 49
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"offsets": [{"partition": "f1", "offset": {}}]}')
+    done = cli("connectors", "offsets", "alter", *boot, "A", "--file", str(bad), ok=False)
+    assert 'offsets[0] must be an object with a "partition" object' in done.stderr
+    out = cli("connectors", "offsets", "reset", *boot, "A").stdout
+    assert "reset successfully" in out
+    assert fetched(admin) == {}
+
+    # delete then re-create: never the old offsets
+    w = Worker(d, "W1")
+    w.epoch = admin.members()["W1"][0]
+    assert commit(w, [(part(5), off(5))], connector="B").error_code == 0
+    assert admin.alter(deletes=["B"]).error_code == 0
+    assert admin.alter({"B": 1}).error_code == 0
+    assert fetched(admin, "B") == {}
+    admin.close()
+    w.close()
+
+
+def test_alter_needs_alter_on_the_group(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (tmp_path / "ops.pw").write_text("ops-secret\n")
+    assert run_cli("users", "add", "--data-dir", str(data), "ops", "--mechanism", "SCRAM-SHA-256",
+                   "--password-file", str(tmp_path / "ops.pw")).returncode == 0
+    conf = tmp_path / "coordinator.toml"
+    conf.write_text('authorizer = "acl"\nsuper.users = "User:ANONYMOUS"\n'
+                    'sasl.enabled.mechanisms = "SCRAM-SHA-256"\n')
+    with DaemonPool(tmp_path) as pool:
+        d = pool.start(data, extra_args=[
+            "--config", str(conf),
+            "--listen", "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"])
+        plain = ("--bootstrap", d.address("PLAINTEXT"))
+        cli("acls", "add", *plain, "--allow-principal", "User:ops", "--operation", "Describe",
+            "--group", "g")
+        cli("connectors", "create", *plain, "--group", "g", "A", "--tasks", "1",
+            "--config", "connector.class=no.such.module:Task")
+        cli("connectors", "stop", *plain, "--group", "g", "A")
+        sasl = ("--bootstrap", d.address("SASL_PLAINTEXT"), "--security-protocol",
+                "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-256", "--sasl-username", "ops",
+                "--sasl-password-file", str(tmp_path / "ops.pw"), "--group", "g")
+        got = json.loads(cli("connectors", "offsets", "get", *sasl, "A", "--json").stdout)
+        assert got == {"offsets": []}
+        done = cli("connectors", "offsets", "reset", *sasl, "A", ok=False)
+        assert done.returncode == 1
+        assert "GROUP_AUTHORIZATION_FAILED" in done.stderr and "User:ops" in done.stderr
+        assert "ALTER" in done.stderr
+        cli("acls", "add", *plain, "--allow-principal", "User:ops", "--operation", "Alter",
+            "--group", "g")
+        assert "reset successfully" in cli("connectors", "offsets", "reset", *sasl, "A").stdout
+
+
+def test_offsets_on_etcd_replay_after_a_restart_and_deletion_tombstones_them(
+        tmp_path: Path, pool: DaemonPool, etcd_endpoint: str) -> None:  # noqa: F811
+    prefix = f"/offsets-{time.time_ns()}"
+    args = ["--store", "etcd", "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", prefix,
+            "--node-id", "1", "--partitions", "2"]
+    d = pool.start(tmp_path / "n1", extra_env=LONG_SESSIONS, extra_args=args)
+    admin, w = running_worker(d, {"A": 1})
+    for start in range(0, 300, 100):
+        r = commit(w, [(part(i), off(i)) for i in range(start, start + 100)])
+        assert r.error_code == 0, r
+    r = commit(w, [(part(i), off(i)) for i in range(1000, 1200)])  # one etcd txn: 128 ops at most
+    assert r.error_code == E.INVALID_REQUEST and "etcd.max.txn.ops" in r.error_message, r
+    before = fetched(admin)
+    assert len(before) == 300
+    admin.close()
+    w.close()
+    d.stop()
+    d = pool.start(tmp_path / "n1", extra_env=LONG_SESSIONS, extra_args=args)
+    admin = Admin(d)
+    deadline = time.monotonic() + 30
+    while True:  # (the node takes its partitions over first)
+        r = admin.client.call(ConnectGroupFetchOffsetsRequest(group_id="g", connector="A",
+                                                              partitions=None))
+        if r.error_code == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert {p.partition: p.offset for p in r.offsets} == before
+    # delete: 300 tombstones in bounded transactions, then a re-created A has none
+    assert admin.alter(deletes=["A"]).error_code == 0
+    assert admin.alter({"A": 1}).error_code == 0
+    assert fetched(admin) == {}
+    admin.close()
+    d.stop()
+    d = pool.start(tmp_path / "n1", extra_env=LONG_SESSIONS, extra_args=args)
+    admin = Admin(d)
+    deadline = time.monotonic() + 30
+    while True:
+        r = admin.client.call(ConnectGroupFetchOffsetsRequest(group_id="g", connector="A",
+                                                              partitions=None))
+        if r.error_code == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.error_code == 0 and r.offsets == ()
+    admin.close()
