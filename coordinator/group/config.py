@@ -108,9 +108,8 @@ class GroupCoordinatorConfig:
             raise ConfigError(f"{MAX_GROUPS} must be >= 1")
         if self.max_batch_bytes < 1024:
             raise ConfigError("max_batch_bytes must be >= 1024")
-        if not 1024 <= self.max_offset_commit_bytes <= self.max_batch_bytes // 2:
-            raise ConfigError(f"{MAX_COMMIT_BYTES} must be within [1024, "
-                              f"{self.max_batch_bytes // 2}] (half the log's batch limit)")
+        if self.max_offset_commit_bytes < 1:
+            raise ConfigError(f"{MAX_COMMIT_BYTES} must be >= 1")
         if self.max_offset_partitions < 1:
             raise ConfigError(f"{MAX_PARTITIONS} must be >= 1")
         if self.max_batch_records is not None and self.max_batch_records < 2:
