@@ -101,7 +101,7 @@ def member_values(draw: st.DrawFn, member_id: str) -> MemberMetadata:
 connector_specs = st.builds(
     ConnectorSpec, st.sampled_from(CONNECTORS), st.integers(0, 3),
     st.lists(st.tuples(st.sampled_from(["k", "topics"]), st.sampled_from([None, "v"])), max_size=2)
-    .map(tuple))
+    .map(tuple), st.integers(0, 2))  # (incarnations: offsets of another one are garbage)
 
 
 @st.composite
@@ -115,7 +115,7 @@ def records(
     mid = draw(st.sampled_from(MEMBERS))
     kind = draw(st.sampled_from(
         ["metadata", "connectors", "member", "target", "target_metadata", "current", "current",
-         "configuration", "unknown"]))
+         "configuration", "offset", "unknown"]))
     if kind == "metadata":
         record = rec.group_metadata(gid, draw(small))
     elif kind == "connectors":
@@ -133,6 +133,10 @@ def records(
     elif kind == "configuration":
         record = rec.group_configuration(gid, dict(draw(st.lists(
             st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([None, "1"])), max_size=2))))
+    elif kind == "offset":
+        record = rec.connector_offset(
+            gid, draw(st.sampled_from(CONNECTORS)), draw(st.sampled_from(['{"f":1}', '{"f":"é"}'])),
+            draw(st.integers(0, 2)), draw(st.sampled_from(['{"o":1}', '{"o":2}'])))
     else:  # a record type this build does not know: both paths skip it
         return struct.pack(">hh", 99, 0) + b"anything", draw(st.sampled_from([None, b"\x00\x00"]))
     key, value = serde.encode_record(record)
@@ -362,7 +366,8 @@ def _check_decoders(key: bytes, value: bytes | None) -> None:
     if isinstance(reference[1], Exception):  # pragma: no cover - decode_key raises, not returns
         raise AssertionError(reference)
     k = reference[1]
-    assert info == ("ok", (serde._KIND[type(k)], k.group_id, getattr(k, "member_id", None)))
+    third = (k.connector, k.partition) if hasattr(k, "partition") else getattr(k, "member_id", None)
+    assert info == ("ok", (serde._KIND[type(k)], k.group_id, third))
     if value is None:
         return
     kind = info[1][0]
