@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from connect_wire.apis import ApiKey
 from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import (
     ConnectGroupCommitOffsetsRequest,
@@ -20,6 +21,7 @@ from connect_wire.messages import (
 from connect_wire.messages import connect_group_commit_offsets_request_v0 as _com
 from tests.daemon_fixture import Daemon, DaemonPool, run_cli
 from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
+from tests.secure_server import Raw
 from tests.test_daemon_e2e import Admin, Worker
 
 LONG_SESSIONS = {"CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": "300000",
@@ -171,6 +173,13 @@ def test_alter_needs_alter_on_the_group(tmp_path: Path) -> None:
                 "--sasl-password-file", str(tmp_path / "ops.pw"), "--group", "g")
         got = json.loads(cli("connectors", "offsets", "get", *sasl, "A", "--json").stdout)
         assert got == {"offsets": []}
+        # a commit needs READ (as a heartbeat): DESCRIBE is not enough
+        with Raw(d.listeners["SASL_PLAINTEXT"], timeout=30) as raw:
+            assert raw.scram("ops", "ops-secret").error_code == 0
+            r = raw.call(ApiKey.CONNECT_GROUP_COMMIT_OFFSETS, 0, ConnectGroupCommitOffsetsRequest(
+                group_id="g", member_id="m", member_epoch=1, connector="A", task=0,
+                offsets=(_com.PartitionOffset(partition=part(1), offset=off(1)),)))
+            assert r.error_code == E.GROUP_AUTHORIZATION_FAILED and "READ" in r.error_message, r
         done = cli("connectors", "offsets", "reset", *sasl, "A", ok=False)
         assert done.returncode == 1
         assert "GROUP_AUTHORIZATION_FAILED" in done.stderr and "User:ops" in done.stderr
