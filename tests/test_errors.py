@@ -36,6 +36,7 @@ PROTOCOL_CODES = {
     "STALE_MEMBER_EPOCH": 113,
     "INVALID_ASSIGNMENT": 10000,
     "NO_ASSIGNOR_COVERS_GROUP": 10001,
+    "ITEM_NOT_OWNED": 10002,
 }
 
 KAFKA_MEMBERS = [m for m in ErrorCode if m.value < FIRST_CUSTOM_CODE]
@@ -81,7 +82,8 @@ def test_retriable_flags_spot_check() -> None:
 
 
 def test_custom_codes() -> None:
-    assert [m.name for m in CUSTOM_MEMBERS] == ["INVALID_ASSIGNMENT", "NO_ASSIGNOR_COVERS_GROUP"]
+    assert [m.name for m in CUSTOM_MEMBERS] == ["INVALID_ASSIGNMENT", "NO_ASSIGNOR_COVERS_GROUP",
+                                            "ITEM_NOT_OWNED"]
     assert ErrorCode.INVALID_ASSIGNMENT == 10000
     assert ErrorCode.NO_ASSIGNOR_COVERS_GROUP == 10001
     assert not ErrorCode.NO_ASSIGNOR_COVERS_GROUP.retriable
