@@ -3,6 +3,7 @@ percentiles, the machine description. Private (``_``): not a benchmark of its ow
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -10,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,37 @@ def start_echo(logs: Path) -> Process:
     the same FrameDecoder and echoing each frame back, decoding nothing."""
     command = [sys.executable, "-m", "bench._echo"]
     return _spawn(command, logs, LISTENING, child_env(), 30.0)[0]
+
+
+def run_loadgen_sampled(spec: Mapping[str, Any], workdir: Path,
+                        sample: Callable[[], dict[str, float]]) -> dict[str, Any]:
+    """``bench/_loadgen.py`` as a process of its own (``announce`` on); ``sample()`` is taken
+    when it opens and when it closes its measured window: the result carries the difference
+    of each sampled number (``window``)."""
+    path = workdir / "loadgen-spec.json"
+    path.write_text(json.dumps({**spec, "announce": True}), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "bench._loadgen", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env())
+    assert proc.stdout is not None and proc.stderr is not None
+    before: dict[str, float] = {}
+    window: dict[str, float] = {}
+    last = ""
+    for line in proc.stdout:
+        line = line.strip()
+        if line == "measuring":
+            before = sample()
+        elif line == "measured":
+            after = sample()
+            window = {k: after[k] - before.get(k, 0.0) for k in after}
+        elif line:
+            last = line
+    stderr = proc.stderr.read()
+    if proc.wait() != 0 or not last:
+        raise BenchError(f"load generator failed:\n{stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(last)
+    result["window"] = window
+    return result
 
 
 def rss_kb(pid: int) -> int:

@@ -98,6 +98,7 @@ from bench._common import (
     child_env,
     machine,
     percentile,
+    run_loadgen_sampled,
     start_daemon,
 )
 from bench._sim import SimGroup, alter_connectors, close_connection
@@ -960,31 +961,15 @@ async def commit(args: argparse.Namespace, etcd: Any, base: Path, free_port: Any
 def run_loadgen(spec: dict[str, Any], workdir: Path, pids: dict[str, int]) -> dict[str, Any]:
     """The load generator as a process of its own; the named processes' CPU time is sampled
     when it opens and closes its measured window."""
-    path = workdir / "loadgen-spec.json"
-    path.write_text(json.dumps(spec), encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "bench._loadgen", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env())
-    assert proc.stdout is not None
-    cpu0: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    busy0, busy = (0.0, 0.0), 0.0
-    last = ""
-    for line in proc.stdout:
-        line = line.strip()
-        if line == "measuring":
-            cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            busy0 = machine_busy()
-        elif line == "measured":
-            cpu = {name: cpu_seconds(pid) - cpu0.get(name, 0.0) for name, pid in pids.items()}
-            busy = cores_busy(busy0, machine_busy())
-        elif line:
-            last = line
-    stderr = proc.stderr.read() if proc.stderr is not None else ""
-    if proc.wait() != 0 or not last:
-        raise BenchError(f"load generator failed:\n{stderr[-3000:]}")
-    result = json.loads(last)
-    result["cpu"] = {name: c / result["seconds"] for name, c in cpu.items()}
+    def sample() -> dict[str, float]:
+        return {**{name: cpu_seconds(pid) for name, pid in pids.items()},
+                **dict(zip(("busy", "total"), machine_busy(), strict=True))}
+
+    result = run_loadgen_sampled(spec, workdir, sample)
+    window = result.pop("window")
+    total = window.pop("total", 0.0)
+    busy = window.pop("busy", 0.0) / total * (os.cpu_count() or 1) if total > 0 else 0.0
+    result["cpu"] = {name: c / result["seconds"] for name, c in window.items()}
     result["cpu"]["loadgen"] = result["cpu_seconds"] / result["seconds"]
     result["cpu"]["others"] = max(0.0, busy - sum(result["cpu"].values()))
     return result

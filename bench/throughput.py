@@ -36,6 +36,7 @@ from typing import Any
 
 from bench._common import RESULTS, BenchError, child_env, machine, sizes_arg, start_daemon, start_echo
 from bench._sim import SimGroup, alter_connectors
+from connect_wire.items import Item
 
 GROUP = "bench-throughput"
 TASKS_PER_MEMBER = 2
@@ -48,14 +49,23 @@ DAEMON_ENV = {"CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS": "300000",
 async def setup_members(host: str, port: int, count: int, timeout_s: float = 300.0
                         ) -> list[tuple[str, int]]:
     """``count`` members joined and Stable; returns their (member id, epoch)."""
-    group = SimGroup(host, port, GROUP, assignor="incremental", long_poll=False,
+    return [(member_id, epoch) for member_id, epoch, _ in
+            await setup_group(host, port, count, timeout_s)]
+
+
+async def setup_group(host: str, port: int, count: int, timeout_s: float = 300.0, *,
+                      group_id: str = GROUP, tasks_per_member: int = TASKS_PER_MEMBER
+                      ) -> list[tuple[str, int, frozenset[Item]]]:
+    """``count`` members of ``group_id`` joined and Stable, ``tasks_per_member`` tasks each in
+    connectors of ``TASKS_PER_CONNECTOR``; returns their (member id, epoch, items owned)."""
+    group = SimGroup(host, port, group_id, assignor="incremental", long_poll=False,
                      shared_connections=min(count, 20))
     await group.open()
-    tasks = count * TASKS_PER_MEMBER
+    tasks = count * tasks_per_member
     specs = [(f"connector-{c:05d}", min(TASKS_PER_CONNECTOR, tasks - c * TASKS_PER_CONNECTOR))
              for c in range(-(-tasks // TASKS_PER_CONNECTOR))]
     assert group.control is not None
-    await alter_connectors(group.control, GROUP, specs)
+    await alter_connectors(group.control, group_id, specs)
     items = len(specs) + tasks
     try:
         for _ in range(count):
@@ -67,7 +77,7 @@ async def setup_members(host: str, port: int, count: int, timeout_s: float = 300
         failed = [m.error for m in group.members if m.error]
         if failed:
             raise BenchError(f"a member failed: {failed[0]!r}")
-        return [(m.m.member_id, m.m.member_epoch) for m in group.members]
+        return [(m.m.member_id, m.m.member_epoch, m.m.owned) for m in group.members]
     finally:
         await group.close()
 
