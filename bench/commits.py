@@ -34,11 +34,10 @@ transaction per ``etcd.max.txn.ops`` operations). "commits per fsync" is appends
 commits. For etcd, its own ``/metrics`` give the writes it committed through raft
 (``etcd_server_proposals_committed_total``: one per transaction, plus a rare lease grant or
 compaction; ``etcd_mvcc_txn_total`` counted about two per store commit in a trial: not used)
-and its WAL
-fsyncs (``etcd_disk_wal_fsync_duration_seconds_count``: etcd batches proposals too). The CPU
-time of the daemon (and of etcd) per request comes from ``/proc``. The last line is the
-headline: commits per fsync with every task committing at once, per store. Rows are written to
-``bench/results/commits.json`` (or ``--output``).
+and its WAL fsyncs (``etcd_disk_wal_fsync_duration_seconds_count``: etcd batches proposals
+too). The CPU time of the daemon (and of etcd) per request comes from ``/proc``. The last line
+is the headline: commits per fsync with every task committing at once, per store. Rows are
+written to ``bench/results/commits.json`` (or ``--output``).
 """
 
 from __future__ import annotations
