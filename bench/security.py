@@ -44,7 +44,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import RESULTS, BenchError, Process, child_env, listeners, machine, start_daemon
+from bench._common import (
+    RESULTS,
+    BenchError,
+    Process,
+    child_env,
+    listeners,
+    machine,
+    run_loadgen_sampled,
+    start_daemon,
+)
 
 USERS = {"bench-256": ("SCRAM-SHA-256", "bench-password-256"),
          "bench-512": ("SCRAM-SHA-512", "bench-password-512")}
@@ -137,27 +146,8 @@ def _loadgen_window(spec: dict[str, Any], workdir: Path, pid: int) -> dict[str, 
     """``bench/_loadgen.py`` in its own process; the daemon's CPU time is sampled when the
     measured window opens and closes (the connections' TLS and SASL set-up, with heartbeats
     already flowing on the first ones, is outside it)."""
-    path = workdir / "loadgen-spec.json"
-    path.write_text(json.dumps({**spec, "announce": True}), encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "bench._loadgen", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env())
-    assert proc.stdout is not None and proc.stderr is not None
-    cpu0 = cpu = 0.0
-    last = ""
-    for line in proc.stdout:
-        line = line.strip()
-        if line == "measuring":
-            cpu0 = cpu_seconds(pid)
-        elif line == "measured":
-            cpu = cpu_seconds(pid) - cpu0
-        elif line:
-            last = line
-    stderr = proc.stderr.read()
-    if proc.wait() != 0 or not last:
-        raise BenchError(f"load generator failed:\n{stderr[-3000:]}")
-    result = json.loads(last)
-    result["server_cpu_s"] = cpu
+    result = run_loadgen_sampled(spec, workdir, lambda: {"cpu": cpu_seconds(pid)})
+    result["server_cpu_s"] = result.pop("window").get("cpu", 0.0)
     return result
 
 
