@@ -291,6 +291,17 @@ def _connector_dict(c: Any) -> dict[str, Any]:
             "plugin_config": verbs.plugin_config(config)}
 
 
+def _running_tasks(c: Any) -> int:
+    """A connector's running task count: as many as the task configs its connector instance
+    wrote (at most the configured count), or the configured count before it wrote any."""
+    return c.task_count if c.task_configs is None else min(len(c.task_configs), c.task_count)
+
+
+def _tokens(m: Any) -> dict[str, int]:
+    """A member's fencing token per owned item."""
+    return {_item_name(t.connector, t.task): t.token for t in m.fencing_tokens}
+
+
 def _group_dict(g: Any) -> dict[str, Any]:
     return {
         "group": g.group_id, "state": g.group_state,
@@ -298,8 +309,12 @@ def _group_dict(g: Any) -> dict[str, Any]:
         "error_message": g.error_message, "group_epoch": g.group_epoch,
         "assignment_epoch": g.assignment_epoch, "assignor": g.assignor_name,
         "assigning_member": g.assigning_member_id,
-        "connectors": [{"name": c.name, "tasks": c.task_count,
-                        "config": {e.name: e.value for e in c.config}} for c in g.connectors],
+        "connectors": [{"name": c.name, "tasks": c.task_count, "running_tasks": _running_tasks(c),
+                        "config": {e.name: e.value for e in c.config},
+                        # (as the connector instance wrote them; null: never written)
+                        "task_configs": None if c.task_configs is None else [
+                            {e.name: e.value for e in t.config} for t in c.task_configs]}
+                       for c in g.connectors],
         "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
                      "worker_url": m.worker_url, "client_id": m.client_id,
                      "client_host": m.client_host, "epoch": m.member_epoch, "state": m.member_state,
@@ -307,6 +322,7 @@ def _group_dict(g: Any) -> dict[str, Any]:
                                                               *(f"{t.connector}/{t.task}"
                                                                 for t in m.revoking_tasks)],
                      "target": _items(m.target_assignment),
+                     "fencing_tokens": _tokens(m),
                      # (Status) as the worker last reported them, of what it owns
                      "instances": [{"item": _item_name(s.connector, s.task), "state": s.state,
                                     "error": s.error_message, "trace": s.trace}
@@ -326,7 +342,9 @@ def _item_name(connector: str, task: int) -> str:
 
 def _status(g: Any, name: str) -> dict[str, Any]:
     """``connectors status``: each instance of connector ``name`` (the connector, then its
-    tasks) with the member that owns it and the state that member's worker reported: RUNNING,
+    running tasks: as many as the task configs its connector instance wrote, else the
+    configured count) with the member that owns it, the item's fencing token there, and the
+    state that member's worker reported: RUNNING,
     FAILED or RESTARTING (with the last error and its trace); PAUSED or STOPPED when owned and
     the connector's target state is that (nothing runs); ASSIGNED when owned with no state
     reported yet (starting, or the coordinator restarted and the worker has not reported
@@ -341,7 +359,9 @@ def _status(g: Any, name: str) -> dict[str, Any]:
     idle = "ASSIGNED" if target == RUNNING else target
     owners: dict[str, Any] = {}
     states: dict[str, Any] = {}
+    tokens: dict[str, int] = {}
     for m in g.members:
+        tokens.update(_tokens(m))
         for item in (*_items(m.assignment), *m.revoking_connectors,
                      *(f"{t.connector}/{t.task}" for t in m.revoking_tasks)):
             owners[item] = m
@@ -357,16 +377,19 @@ def _status(g: Any, name: str) -> dict[str, Any]:
             return {"state": "HELD" if h is not None else "UNASSIGNED",
                     "member_id": h.member_id if h is not None else None,
                     "instance_id": h.instance_id if h is not None else None,
-                    "worker_url": None, "error": None, "trace": None}
+                    "worker_url": None, "fencing_token": None, "error": None, "trace": None}
         if target != RUNNING:
             s = None  # paused or stopped: nothing runs, whatever was reported before
         return {"state": s.state if s is not None else idle, "member_id": m.member_id,
                 "instance_id": m.instance_id, "worker_url": m.worker_url,
+                "fencing_token": tokens.get(item),
                 "error": s.error_message if s is not None else None,
                 "trace": s.trace if s is not None else None}
 
-    return {"group": g.group_id, "connector": name, "target_state": target, **one(name),
-            "tasks": [{"task": t, **one(f"{name}/{t}")} for t in range(spec.task_count)]}
+    running = _running_tasks(spec)
+    return {"group": g.group_id, "connector": name, "target_state": target,
+            "running_tasks": running, "configured_tasks": spec.task_count, **one(name),
+            "tasks": [{"task": t, **one(f"{name}/{t}")} for t in range(running)]}
 
 
 def _status_text(st: dict[str, Any]) -> str:
@@ -374,15 +397,24 @@ def _status_text(st: dict[str, Any]) -> str:
         return "-" if value is None or value == "" else str(value)
 
     rows = [[x["item"], x["state"], text(x["instance_id"]), text(x["member_id"]),
-             text(x["worker_url"]), text(x["error"])]
+             text(x["worker_url"]), text(x["fencing_token"]), text(x["error"])]
             for x in [{"item": st["connector"], **st}, *({"item": f"{st['connector']}/{t['task']}", **t}
                                                         for t in st["tasks"])]]
-    lines = [_table(rows, ["INSTANCE", "STATE", "WORKER", "MEMBER", "URL", "ERROR"])]
+    lines = [_table(rows, ["INSTANCE", "STATE", "WORKER", "MEMBER", "URL", "TOKEN", "ERROR"])]
+    if st["running_tasks"] != st["configured_tasks"]:  # (its instance wrote fewer task configs)
+        lines.insert(0, f"CONNECTOR {st['connector']}  tasks="
+                        f"{_tasks_text(st['running_tasks'], st['configured_tasks'])}")
     for x in [{"item": st["connector"], **st},
               *({"item": f"{st['connector']}/{t['task']}", **t} for t in st["tasks"])]:
         if x["trace"]:
             lines += [f"\nTRACE {x['item']} ({x['state']}):", x["trace"].rstrip("\n")]
     return "\n".join(lines) + "\n"
+
+
+def _tasks_text(running: int, configured: int) -> str:
+    """A running task count, with the configured one when they differ (the connector instance
+    wrote fewer task configs)."""
+    return str(running) if running == configured else f"{running} (of {configured} configured)"
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -625,6 +657,9 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
               f"computing={text(g['assigning_member'])}\n")
     if g["error"]:
         out.write(f"  {g['error']}: {text(g['error_message'])}\n")
+    if g["connectors"]:
+        out.write(_table([[c["name"], _tasks_text(c["running_tasks"], c["tasks"])]
+                          for c in g["connectors"]], ["CONNECTOR", "TASKS"]) + "\n")
     if g["members"]:
         out.write(_table([[m["member_id"], text(m["instance_id"]), m["epoch"], m["state"],
                            " ".join(m["assignment"]) or "-", " ".join(m["revoking"]) or "-",
@@ -633,6 +668,11 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
                           "TARGET"]) + "\n")
     else:
         out.write("  no members\n")
+    tokens = [[m["member_id"], item, token] for m in g["members"]
+              for item, token in m["fencing_tokens"].items()]
+    if tokens:  # (a sink refuses writes carrying a lower token than it saw for the item)
+        out.write("FENCING TOKENS (per owned item):\n")
+        out.write(_table(tokens, ["MEMBER", "ITEM", "TOKEN"]) + "\n")
     states = [[m["member_id"], text(m["instance_id"]), i["item"], i["state"], text(i["error"])]
               for m in g["members"] for i in m["instances"]]
     if states:  # (as the workers report them; traces in 'connectors status')

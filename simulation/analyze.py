@@ -19,6 +19,8 @@ Event kinds, one per record (``worker`` is the member id; lists of items are in 
 
 =====================  =======================================================================
 ``group_epoch``        GroupMetadata: ``epoch`` = the group epoch (a bump = a rebalance)
+``token_ceiling``      GroupMetadata at the group's epoch (no bump): the fencing token
+                       ceiling raised, ``detail`` = ``ceiling=C``
 ``group_deleted``      GroupMetadata tombstone
 ``connectors``         GroupConnectors: ``epoch`` = its epoch, ``detail`` = ``A:2 B:1``
 ``member_joined``      GroupMember, first record of this member id in the log
@@ -32,6 +34,8 @@ Event kinds, one per record (``worker`` is the member id; lists of items are in 
                        ``state=S previous=P assigned=... revoking=...``
 ``member_epoch_removed`` CurrentMemberAssignment tombstone
 ``config``             GroupConfiguration: ``detail`` = ``k=v ...``
+``task_configs``       ConnectorTaskConfigs: ``item`` = the connector, ``detail`` = how many
+``task_configs_removed`` ConnectorTaskConfigs tombstone
 ``unknown``/``corrupt`` a record this build cannot decode
 ``log_note``           the reader stopped early or saw something to report (``group_id`` empty)
 =====================  =======================================================================
@@ -218,6 +222,11 @@ def record_event(key: Any, value: Any, seen_members: set[tuple[str, str]]) -> di
             ev["detail"] = (f"state={state} previous={value.previous_member_epoch} "
                             f"assigned={_items(value.connectors, value.tasks)} "
                             f"revoking={_items(value.revoking_connectors, value.revoking_tasks)}")
+    elif name == "ConnectorTaskConfigsKey":
+        ev["kind"] = "task_configs_removed" if value is None else "task_configs"
+        ev["item"] = key.connector
+        if value is not None:
+            ev["detail"] = f"tasks={len(value.task_configs)} incarnation={value.incarnation}"
     elif name == "GroupConfigurationKey":
         ev["kind"] = "config"
         if value is not None:
@@ -239,6 +248,7 @@ def partition_events(directory: str | Path, partition: int) -> list[dict[str, An
     read = read_partition(directory)
     events: list[dict[str, Any]] = []
     seen: set[tuple[str, str]] = set()
+    epochs: dict[str, int] = {}  # group -> its last group epoch (a record at it is no bump)
     last_t = 0
     for batch in read.batches:
         last_t = batch.timestamp_ms
@@ -248,6 +258,13 @@ def partition_events(directory: str | Path, partition: int) -> list[dict[str, An
             try:
                 record = serde.decode_record(key, value)
                 ev = record_event(record.key, record.value, seen)
+                if ev["kind"] == "group_epoch":
+                    if epochs.get(ev["group_id"]) == ev["epoch"]:
+                        ev["kind"] = "token_ceiling"
+                        ev["detail"] = f"ceiling={record.value.fencing_token_ceiling}"
+                    epochs[ev["group_id"]] = ev["epoch"]
+                elif ev["kind"] == "group_deleted":
+                    epochs.pop(ev["group_id"], None)
             except serde.UnknownRecordType as exc:
                 ev = _bare_event("unknown", str(exc))
             except serde.RecordSerdeError as exc:

@@ -558,3 +558,48 @@ def test_every_line_a_node_logs_is_json_the_lease_lines_too(cluster: Cluster,
     lease = [p for p in parsed if "keep-alive failed" in p["event"]]
     assert lease and all(p["logger"] == "coordinator.etcd_store" and p["level"] == "warning"
                          for p in lease), lease
+
+
+def test_fencing_tokens_and_task_configs_survive_a_node_failover(cluster: Cluster) -> None:
+    """``kill -9`` of the node owning a group (etcd store): the group's task configs are there
+    on the new owner, the tokens held go on, and an item moved afterwards gets a token above
+    every token given before (the new owner's counter starts at the ceiling in etcd)."""
+    from tests.test_task_configs_e2e import (
+        RawMember,
+        alter,
+        describe,
+        described_tokens,
+        settle,
+        task_configs_of,
+    )
+    c = cluster
+    c.start(1)
+    c.start(2)
+    c.wait(lambda: c.owned_everywhere(), "every partition owned by a live node")
+    group = c.group_owned_by(1)
+
+    def call(request: Any) -> Any:
+        return c.call(c.coordinator_of(group) or 1, request)
+
+    alter(call, group, {"src": 2})
+    w1 = RawMember(call, group, "w1")
+    w1.heartbeat(join=True)
+    w1.compute({"w1": ["src", "src/0", "src/1"]})
+    settle([w1], {"w1": ["src", "src/0", "src/1"]})
+    first = dict(w1.tokens)
+    r = w1.write_task_configs("src", [{"table": "a"}, {"table": "b"}])
+    assert (r.error_code, r.changed) == (0, True), r
+    c.nodes[1].kill()
+    c.wait(lambda: c.coordinator_of(group) == 2, "node 2 to take the group")
+    c.wait(lambda: c.describe(group) is not None, "the group to answer on node 2")
+    g = describe(call, group)
+    assert task_configs_of(g, "src") == [{"table": "a"}, {"table": "b"}]
+    assert described_tokens(g) == {"w1": first}
+    w1.heartbeat()
+    w2 = RawMember(call, group, "w2")
+    w2.heartbeat(join=True)
+    w1.heartbeat()
+    w1.compute({"w1": ["src", "src/0"], "w2": ["src/1"]})
+    settle([w1, w2], {"w1": ["src", "src/0"], "w2": ["src/1"]})
+    assert w2.tokens["src/1"] > max(first.values())
+    assert w1.tokens == {"src": first["src"], "src/0": first["src/0"]}

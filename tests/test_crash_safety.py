@@ -1010,7 +1010,9 @@ def test_torn_tail_then_flipped_byte_are_truncated_reported_and_served(tmp_path:
         assert_describes(daemon, gid, expected)
         (kept,) = corrupt.iterdir()
         assert kept.read_bytes() == last.raw[:-3], "the cut bytes are kept under corrupt/"
-        assert last.segment.stat().st_size >= last.position
+        # (a cut batch that began its segment leaves it empty: recovery may remove it)
+        assert (last.segment.stat().st_size >= last.position if last.segment.exists()
+                else last.position == 0), (last.segment, last.position)
         joins_and_serves(daemon, gid, "joined-after-torn-tail")
     finally:
         assert daemon.stop() == 0

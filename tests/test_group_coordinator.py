@@ -257,6 +257,7 @@ def test_fenced_member_epoch_removes_the_member(wrong: int) -> None:
     two_workers(h)
     g = h.group()
     assert g.current["W2"].epoch == 2
+    tokens = dict(g.current["W2"].tokens)
     r = h.heartbeat("W2", wrong, owned=["B", "B/0"])
     assert r.error_code == E.FENCED_MEMBER_EPOCH
     assert f"MemberEpoch {wrong} does not match the member's epoch 2" in r.error_message
@@ -266,7 +267,8 @@ def test_fenced_member_epoch_removes_the_member(wrong: int) -> None:
     # Until then its items are held: nobody else may start them.
     session_deadline = h.now + 10_000  # W2 last heartbeated at h.now (in two_workers)
     assert g.current["W2"] == CurrentAssignment(
-        HELD_EPOCH, 25_000, MemberState.UNREVOKED_ITEMS, frozenset(), frozenset({item("B"), item("B/0")}))
+        HELD_EPOCH, 25_000, MemberState.UNREVOKED_ITEMS, frozenset(), frozenset({item("B"), item("B/0")}),
+        tokens=tokens)  # (the hold keeps the fenced member's tokens)
     assert g.owner[item("B")] == "W2" and h.timers[("hold", "g", "W2")] == session_deadline + 15_000
     r = h.heartbeat("W2", 2)
     assert r.error_code == E.UNKNOWN_MEMBER_ID

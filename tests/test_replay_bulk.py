@@ -45,6 +45,7 @@ from coordinator.group.model import (
     MemberMetadata,
     MemberState,
     TargetMember,
+    TaskConfigs,
 )
 from coordinator.group.state import CoordinatorState, ReplayError
 from coordinator.group.validation import validate_current_epoch, validate_item_set
@@ -73,11 +74,19 @@ blobs = st.sampled_from([b"", b"m", b"\x00\x01", bytes(range(200))])
 member_states = st.sampled_from([*MemberState, 5, -1])  # unknown states too (raw int8 values)
 
 
+tokens = st.integers(0, 3) | st.sampled_from([2**63 - 1, 1_700_000_000_000_000])
+
+
 @st.composite
 def current_assignments(draw: st.DrawFn, member_id: str, shared: int) -> CurrentAssignment:
+    assigned = draw(item_sets(member_id, shared))
+    revoking = draw(item_sets(member_id, shared))
+    owned = sorted(assigned | revoking)
+    # fencing tokens: usually one per owned item, sometimes none or some
+    given = draw(st.sampled_from([owned, owned, [], owned[:1]]))
     return CurrentAssignment(
-        draw(small), draw(small), draw(member_states), draw(item_sets(member_id, shared)),
-        draw(item_sets(member_id, shared)), draw(st.integers(-1, 2)), draw(blobs))
+        draw(small), draw(small), draw(member_states), assigned, revoking,
+        draw(st.integers(-1, 2)), draw(blobs), {i: draw(tokens) for i in given})
 
 
 assignors = st.builds(
@@ -102,6 +111,10 @@ connector_specs = st.builds(
     ConnectorSpec, st.sampled_from(CONNECTORS), st.integers(0, 3),
     st.lists(st.tuples(st.sampled_from(["k", "topics"]), st.sampled_from([None, "v"])), max_size=2)
     .map(tuple), st.integers(0, 2))  # (incarnations: offsets of another one are garbage)
+task_config_values = st.builds(
+    TaskConfigs, st.integers(0, 2),
+    st.lists(st.lists(st.tuples(st.sampled_from(["k", "task"]), st.sampled_from([None, "v"])),
+                      max_size=2, unique_by=lambda e: e[0]).map(tuple), max_size=4).map(tuple))
 
 
 @st.composite
@@ -115,9 +128,11 @@ def records(
     mid = draw(st.sampled_from(MEMBERS))
     kind = draw(st.sampled_from(
         ["metadata", "connectors", "member", "target", "target_metadata", "current", "current",
-         "configuration", "offset", "unknown"]))
+         "configuration", "offset", "task_configs", "unknown"]))
     if kind == "metadata":
-        record = rec.group_metadata(gid, draw(small))
+        record = rec.group_metadata(gid, draw(small), draw(st.sampled_from([0, 0, 5, 2**40])))
+    elif kind == "task_configs":
+        record = rec.task_configs(gid, draw(st.sampled_from(CONNECTORS)), draw(task_config_values))
     elif kind == "connectors":
         specs = {c.name: c for c in draw(st.lists(connector_specs, max_size=3))}
         record = rec.group_connectors(gid, draw(small), specs.values())
@@ -366,13 +381,15 @@ def _check_decoders(key: bytes, value: bytes | None) -> None:
     if isinstance(reference[1], Exception):  # pragma: no cover - decode_key raises, not returns
         raise AssertionError(reference)
     k = reference[1]
-    third = (k.connector, k.partition) if hasattr(k, "partition") else getattr(k, "member_id", None)
+    # (the key's second part: a member id, a connector, or an offset's (connector, partition))
+    third = ((k.connector, k.partition) if hasattr(k, "partition")
+             else getattr(k, "connector", None) or getattr(k, "member_id", None))
     assert info == ("ok", (serde._KIND[type(k)], k.group_id, third))
     if value is None:
         return
     kind = info[1][0]
     generic = {
-        1: lambda: serde.decode_value(1, value).epoch,
+        1: lambda: (lambda v: (v.epoch, v.fencing_token_ceiling))(serde.decode_value(1, value)),
         3: lambda: rec.member_from(k.member_id, serde.decode_value(3, value)),
         4: lambda: rec.target_from(serde.decode_value(4, value)),
         5: lambda: (lambda v: (v.assignment_epoch, v.error, v.assignor_state,
@@ -426,7 +443,7 @@ def test_every_hot_record_type_has_its_specialised_decoder() -> None:
     assert serde._FAST_VALUES == {(1, 0), (3, 0), (4, 0), (5, 0), (6, 0)}
     assert {kind for kind, _ in serde._FAST_KEYS.values()} == set(range(1, 8))
     c = CurrentAssignment(1, 0, MemberState.STABLE, frozenset(), frozenset())
-    made = serde._new_current(1, 0, MemberState.STABLE, frozenset(), frozenset(), 0, b"")
+    made = serde._new_current(1, 0, MemberState.STABLE, frozenset(), frozenset(), 0, b"", {})
     assert made == c and type(made) is CurrentAssignment and hash(made) == hash(c)
 
 
@@ -437,6 +454,10 @@ def test_varints_and_long_values() -> None:
         rec.target_member("g" * 300, "m" * 200, TargetMember(big, 3, bytes(range(256)) * 3)),
         rec.current_assignment("g", "m", CurrentAssignment(9, 8, MemberState.UNREVOKED_ITEMS, big,
                                                            frozenset({Item("z", 1)}), 1, b"x" * 500)),
+        rec.current_assignment("g", "m", CurrentAssignment(
+            9, 8, MemberState.UNREVOKED_ITEMS, big, frozenset({Item("z", 1)}), 1, b"x" * 500,
+            {item: 1_700_000_000_000_000 + n for n, item in enumerate(sorted(big))})),
+        rec.group_metadata("g", 7, 2**62),
         rec.group_member("g", MemberMetadata("m", "i" * 200, "u" * 128, "c" * 127, "h", 5,
                                              (AssignorSpec("a" * 300, 0, 1, 0, 1, b"y" * 1000),) * 3)),
         rec.target_metadata("g", 4, 0, b"s" * 20_000, 123456789012),

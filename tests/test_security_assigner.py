@@ -123,3 +123,41 @@ def test_a_read_only_member_cannot_take_over_the_assignment(daemon: InProcess) -
             group_id=GROUP, member_id="attacker", member_epoch=0, rebalance_timeout_ms=300_000,
             client_assignors=_assignors(0, 32767), owned_connectors=(), owned_tasks=()))
         assert r.error_code == 0 and not r.should_compute_assignment
+
+
+def test_task_configs_need_read_on_the_group_not_the_assign_operation(daemon: InProcess) -> None:
+    """ConnectGroupWriteTaskConfigs is a worker's call, as the heartbeat: READ on the group
+    suffices (alice may not compute here, yet writes the task configs of the connector she
+    runs); without READ on a group it is refused before anything is looked at."""
+    from connect_wire.messages import ConnectGroupWriteTaskConfigsRequest
+    from connect_wire.messages import connect_group_write_task_configs_request_v0 as _wtc
+
+    def write(c: Raw, group: str, member_id: str, epoch: int) -> Any:
+        return c.call(ApiKey.CONNECT_GROUP_WRITE_TASK_CONFIGS, 0, ConnectGroupWriteTaskConfigsRequest(
+            group_id=group, member_id=member_id, member_epoch=epoch, connector="c",
+            task_configs=(_wtc.TaskConfig(config=(_wtc.ConfigEntry(name="k", value="v"),)),)))
+
+    with _login(daemon, "bob") as bob, _login(daemon, "alice") as alice:
+        assert _join(bob, "worker", 1, 1).should_compute_assignment
+        assert _join(alice, "runner", 1, 1).error_code == 0
+        r = _join(bob, "worker", 1, 1)
+        prepared = _prepare(bob, "worker", 0)
+        assert prepared.error_code == 0, prepared
+        installed = bob.call(ApiKey.CONNECT_GROUP_INSTALL_ASSIGNMENT, 0,
+                             ConnectGroupInstallAssignmentRequest(
+            group_id=GROUP, member_id="worker", member_epoch=0,
+            group_epoch=prepared.group_epoch, error=0, assignor_state=b"",
+            scheduled_rebalance_delay_ms=-1, members=(
+                _inst.MemberAssignment(member_id="runner", connectors=("c",),
+                                       tasks=(_inst.TaskId(connector="c", task=0),),
+                                       metadata_version=0, metadata_bytes=b""),)))
+        assert installed.error_code == 0
+        r = _join(alice, "runner", 1, 1)
+        assert r.error_code == 0 and r.assignment.connectors == ("c",)
+        assert [t.connector for t in r.assignment.fencing_tokens] == ["c", "c"]
+        done = write(alice, GROUP, "runner", r.member_epoch)
+        assert (done.error_code, done.changed) == (0, True), done
+        refused = write(alice, "elsewhere", "runner", r.member_epoch)
+        assert refused.error_code == ErrorCode.GROUP_AUTHORIZATION_FAILED
+        assert ("not authorized to READ group 'elsewhere' (ConnectGroupWriteTaskConfigs)"
+                in refused.error_message), refused.error_message

@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
@@ -231,6 +232,9 @@ def test_secret_config_values_are_hidden_from_describe_only_principals(daemon: I
                                       _alter.ConfigEntry(name=k, value=v) for k, v in config)),)
                               )).error_code
 
+        # A member running the connector writes task configs: masked the same way.
+        _write_task_configs(admin, "vault", "c", [dict(config)])
+
     def seen_by(user: str | None) -> dict[str, str | None]:
         with (_sasl(daemon) if user else Raw(daemon.address("PLAINTEXT"))) as c:
             if user:
@@ -239,13 +243,51 @@ def test_secret_config_values_are_hidden_from_describe_only_principals(daemon: I
                 group_ids=("vault",))).groups
             assert not g.error_code, g.error_message
             (conn,) = g.connectors
-            return {e.name: e.value for e in conn.config}
+            (task,) = conn.task_configs
+            seen = {e.name: e.value for e in conn.config}
+            assert {e.name: e.value for e in task.config} == seen
+            return seen
     _change(daemon, create=[AclBinding.of("GROUP", "vault", "User:bob", "DESCRIBE"),
                             AclBinding.of("GROUP", "vault", "User:alice", "READ")])
     assert seen_by("bob") == {**dict(config), "connection.password": "[hidden]",
                               "sasl.jaas.config": "[hidden]", "api.key": "[hidden]"}
     assert seen_by("alice") == dict(config)  # a worker of the group runs the connector
     assert seen_by(None) == dict(config)  # the super user
+
+
+def _write_task_configs(c: Raw, group: str, connector: str,
+                        configs: list[dict[str, str | None]]) -> None:
+    """Join ``group`` as its only member, take every item, write the connector's task configs."""
+    from connect_wire.messages import (
+        ConnectGroupHeartbeatRequest,
+        ConnectGroupInstallAssignmentRequest,
+        ConnectGroupPrepareAssignmentRequest,
+        ConnectGroupWriteTaskConfigsRequest,
+    )
+    from connect_wire.messages import connect_group_install_assignment_request_v0 as _inst
+    from connect_wire.messages import connect_group_write_task_configs_request_v0 as _wtc
+    from tests.group_harness import assignor
+
+    def join() -> Any:
+        return c.call(ApiKey.CONNECT_GROUP_HEARTBEAT, 0, ConnectGroupHeartbeatRequest(
+            group_id=group, member_id="m", member_epoch=0, rebalance_timeout_ms=10_000,
+            client_assignors=(assignor(),), owned_connectors=(), owned_tasks=()))
+    assert join().should_compute_assignment
+    p = c.call(ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT, 0, ConnectGroupPrepareAssignmentRequest(
+        group_id=group, member_id="m", member_epoch=0))
+    assert not c.call(ApiKey.CONNECT_GROUP_INSTALL_ASSIGNMENT, 0, ConnectGroupInstallAssignmentRequest(
+        group_id=group, member_id="m", member_epoch=0, group_epoch=p.group_epoch, error=0,
+        assignor_state=b"", scheduled_rebalance_delay_ms=-1, members=(_inst.MemberAssignment(
+            member_id="m", connectors=tuple(s.name for s in p.connectors), tasks=tuple(
+                _inst.TaskId(connector=s.name, task=t) for s in p.connectors
+                for t in range(s.task_count)), metadata_version=0, metadata_bytes=b""),))).error_code
+    r = join()
+    assert connector in r.assignment.connectors, r
+    done = c.call(ApiKey.CONNECT_GROUP_WRITE_TASK_CONFIGS, 0, ConnectGroupWriteTaskConfigsRequest(
+        group_id=group, member_id="m", member_epoch=r.member_epoch, connector=connector,
+        task_configs=tuple(_wtc.TaskConfig(config=tuple(
+            _wtc.ConfigEntry(name=k, value=v) for k, v in t.items())) for t in configs)))
+    assert (done.error_code, done.changed) == (0, True), done
 
 
 def test_acl_changes_reach_cached_decisions_at_once(daemon: InProcess) -> None:

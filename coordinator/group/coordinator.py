@@ -70,6 +70,8 @@ from connect_wire.messages import (
     ConnectGroupInstallAssignmentResponse,
     ConnectGroupPrepareAssignmentRequest,
     ConnectGroupPrepareAssignmentResponse,
+    ConnectGroupWriteTaskConfigsRequest,
+    ConnectGroupWriteTaskConfigsResponse,
 )
 from connect_wire.messages import connect_group_describe_response_v0 as _desc
 from connect_wire.messages import connect_group_fetch_offsets_response_v0 as _fetch
@@ -77,6 +79,7 @@ from connect_wire.messages import connect_group_heartbeat_response_v0 as _hb
 from connect_wire.messages import connect_group_prepare_assignment_response_v0 as _prep
 from connect_wire.records import (
     ConnectorOffsetKey,
+    ConnectorTaskConfigsKey,
     CurrentMemberAssignmentKey,
     GroupConfigurationKey,
     GroupConnectorsKey,
@@ -106,9 +109,11 @@ from .model import (
     MemberMetadata,
     MemberState,
     TargetMember,
+    TaskConfigs,
     is_hold,
     item_count,
     items_from_wire,
+    running_task_count,
     split_items,
 )
 from .offsets import OffsetError, changes_from
@@ -139,6 +144,13 @@ OFFSETS = "offsets"
 OFFSET_DELETE_BATCH = 100
 """Most offset tombstones one write carries (below etcd's default of 128 operations per
 transaction; ``max_batch_records`` may lower it)."""
+
+_NEW_INCARNATION = 1 << 62
+"""A created connector's incarnation until it is given one (as many bytes in its record)."""
+
+TOKEN_BLOCK = 10_000
+"""Fencing tokens reserved at a time: one GroupMetadata record (the new ceiling) per this many
+grants in a group."""
 
 TimerKey = tuple[str, str, str]
 """(kind, group id, member id or "")."""
@@ -527,6 +539,14 @@ class GroupCoordinator:
             now_ms,
         )
 
+    def write_task_configs(self, req: ConnectGroupWriteTaskConfigsRequest, now_ms: int) -> Result:
+        return self._run(
+            lambda txn: self._write_task_configs(txn, req, now_ms),
+            lambda code, msg: ConnectGroupWriteTaskConfigsResponse(
+                error_code=code, error_message=msg, changed=False, group_epoch=-1),
+            now_ms,
+        )
+
     def alter_group_config(
         self, group_id: str, configs: dict[str, str | None], now_ms: int
     ) -> Result:
@@ -738,8 +758,14 @@ class GroupCoordinator:
         if g is None:
             self._check_group_cap(group_id)
         if g is None or not g.has_metadata:
-            txn.write(rec.group_metadata(group_id, g.epoch if g is not None else 0))
+            # A new group's fencing tokens start at now_ms * 1000, a first block reserved at once
+            # (in its first record, so the first grants need no record of their own).
+            start = max(now_ms, 0) * 1000
+            ceiling = g.token_ceiling if g is not None and g.token_ceiling else start + TOKEN_BLOCK
+            txn.write(rec.group_metadata(group_id, g.epoch if g is not None else 0, ceiling))
             g = self.state.groups[group_id]
+            if g.token_counter is None and ceiling == start + TOKEN_BLOCK:
+                g.token_counter = start
             self._maybe_arm_expiry(txn, g, now_ms)
         return g
 
@@ -747,11 +773,57 @@ class GroupCoordinator:
               member_id: str | None = None, **fields: Any) -> None:
         """Bump the group epoch (a rebalance starts, or goes on) and say why."""
         previous = g.epoch
-        txn.write(rec.group_metadata(g.group_id, previous + 1))
+        txn.write(rec.group_metadata(g.group_id, previous + 1, g.token_ceiling))
         if g.members and g.soft.rebalance_started is None:
             g.soft.rebalance_started = (now_ms, g.epoch)
         self._event(txn, g, "group epoch bumped", member_id, reason=reason,
                     previous_group_epoch=previous, members=len(g.members), **fields)
+
+    # == fencing tokens =============================================================================
+    def _next_token(self, txn: _Txn, g: Group, now_ms: int) -> int:
+        """The group's next fencing token. Tokens are reserved in blocks: when the counter
+        reaches the durable ceiling, a GroupMetadata record raises the ceiling by
+        ``TOKEN_BLOCK`` (in the same write as the records carrying the new tokens); after a
+        load the counter starts at the ceiling, above every token that may have been given.
+        A group without a ceiling (a new one) starts at ``now_ms * 1000``, so a group deleted
+        and created again gives tokens above its old ones."""
+        last = g.token_counter
+        if last is None:
+            last = g.token_ceiling if g.token_ceiling > 0 else max(now_ms, 0) * 1000
+        token = last + 1
+        if token > g.token_ceiling:
+            txn.write(rec.group_metadata(g.group_id, g.epoch, last + TOKEN_BLOCK))
+        g.token_counter = token
+        return token
+
+    def _tokened(self, txn: _Txn, g: Group, old: CurrentAssignment | None,
+                 nxt: CurrentAssignment, now_ms: int, fresh: bool = False) -> CurrentAssignment:
+        """``nxt`` with the fencing token of each owned item. An item the member keeps (it
+        stays assigned, or goes on being revoked, or an assigned one starts being revoked)
+        keeps its token; an item that enters the member's assignment (a grant: it moved to
+        the member, or returns to it after it was revoked, or the member rejoined) gets a new
+        one, as does everything with ``fresh`` (a new process took over)."""
+        old_tokens = old.tokens if old is not None and not fresh else {}
+        old_assigned = old.assigned if old is not None else EMPTY
+        tokens: dict[Item, int] = {}
+        new: list[Item] = []
+        for item in nxt.assigned:
+            t = old_tokens.get(item) if item in old_assigned else None
+            if t is None:
+                new.append(item)
+            else:
+                tokens[item] = t
+        for item in nxt.revoking:
+            t = old_tokens.get(item)
+            if t is None:
+                new.append(item)
+            else:
+                tokens[item] = t
+        for item in sorted(new):
+            tokens[item] = self._next_token(txn, g, now_ms)
+        if tokens == nxt.tokens:
+            return nxt
+        return replace(nxt, tokens=tokens)
 
     # == heartbeat ==================================================================================
     def _heartbeat(
@@ -846,6 +918,16 @@ class GroupCoordinator:
                                     len(g.configured) if g is not None else 0, owned)
 
     @staticmethod
+    def _described_task_configs(spec: ConnectorSpec, written: TaskConfigs | None) -> Any:
+        """Describe's TaskConfigs of a connector: null when its instance never wrote any."""
+        live = _task_configs_of(spec, written)
+        if live is None:
+            return None
+        return tuple(
+            _desc.TaskConfig(config=tuple(_desc.ConfigEntry(name=k, value=v) for k, v in config))
+            for config in live.configs)
+
+    @staticmethod
     def _described_states(g: Group, member_id: str, owned: frozenset[Item]) -> tuple[Any, ...]:
         """The member's reported instance states, only of what it owns now (a report can be
         older than its last revocation)."""
@@ -860,12 +942,16 @@ class GroupCoordinator:
 
     def _assignment(self, g: Group, cur: CurrentAssignment) -> Any:
         connectors, tasks = split_items(cur.assigned)
+        tokens = cur.tokens
         return _hb.Assignment(
             error=g.assignment_error,
             connectors=tuple(connectors),
             tasks=tuple(_hb.TaskId(connector=t.connector, task=t.task) for t in tasks),
             metadata_version=cur.metadata_version,
             metadata_bytes=cur.metadata_bytes,
+            fencing_tokens=tuple(
+                _hb.ItemToken(connector=i.connector, task=i.task, token=tokens[i])
+                for i in sorted(cur.assigned) if i in tokens),
         )
 
     def _check_instance(self, g: Group, member_id: str, instance_id: str | None) -> None:
@@ -1064,7 +1150,8 @@ class GroupCoordinator:
         cur = g.current[member_id]
         keep = cur.assigned if cur.epoch == -2 else owned & cur.owned
         self._write_current(
-            txn, g, member_id, self._joining_assignment(g, member_id, keep, owned, cur), now_ms
+            txn, g, member_id, self._joining_assignment(g, member_id, keep, owned, cur), now_ms,
+            fresh=cur.epoch == -2,  # (a static member's process that left may be a new one)
         )
         if cur.epoch != 0 or keep != cur.assigned:
             # (a repeated join at epoch 0, e.g. a lost answer resent, is not news)
@@ -1133,10 +1220,12 @@ class GroupCoordinator:
         )))
         if old_target is not None:
             txn.write(rec.target_member(g.group_id, new_id, old_target))
-        txn.write(rec.current_assignment(g.group_id, new_id, CurrentAssignment(
-            0, 0, MemberState.STABLE, old_cur.assigned, EMPTY,
-            old_cur.metadata_version, old_cur.metadata_bytes,
-        )))
+        # The new process gets new fencing tokens for what it takes over.
+        txn.write(rec.current_assignment(g.group_id, new_id, self._tokened(
+            txn, g, None, CurrentAssignment(
+                0, 0, MemberState.STABLE, old_cur.assigned, EMPTY,
+                old_cur.metadata_version, old_cur.metadata_bytes,
+            ), now_ms)))
         self._forget_member(txn, g, old_id)
         self._event(txn, g, "member joined", new_id, replaced_member_id=old_id,
                     assignors=[a.name for a in assignors],
@@ -1198,11 +1287,14 @@ class GroupCoordinator:
             self._write_current(txn, g, member_id, nxt, now_ms)
 
     def _write_current(
-        self, txn: _Txn, g: Group, member_id: str, nxt: CurrentAssignment, now_ms: int
+        self, txn: _Txn, g: Group, member_id: str, nxt: CurrentAssignment, now_ms: int,
+        fresh: bool = False,
     ) -> None:
-        """Write a member's current assignment; wake whoever waits for what it released; keep
-        the rebalance (revocation) timer in step with the UnrevokedItems state."""
+        """Write a member's current assignment (its items' fencing tokens: :meth:`_tokened`);
+        wake whoever waits for what it released; keep the rebalance (revocation) timer in step
+        with the UnrevokedItems state."""
         cur = g.current.get(member_id)
+        nxt = self._tokened(txn, g, cur, nxt, now_ms, fresh)
         if cur == nxt:
             return
         released = cur.owned - nxt.owned if cur is not None else EMPTY
@@ -1284,8 +1376,10 @@ class GroupCoordinator:
                         hold_ms=hold_until - now_ms)
             member = g.members.get(member_id)
             g.soft.hold_instance[member_id] = member.instance_id if member is not None else None
+            cur = g.current[member_id]
             txn.write(rec.current_assignment(g.group_id, member_id, CurrentAssignment(
-                HELD_EPOCH, hold_until - now_ms, MemberState.UNREVOKED_ITEMS, EMPTY, released)))
+                HELD_EPOCH, hold_until - now_ms, MemberState.UNREVOKED_ITEMS, EMPTY, released,
+                tokens=cur.tokens)))
             self._arm_hold(txn, g, member_id, hold_until)
             released = EMPTY
         else:
@@ -1519,7 +1613,7 @@ class GroupCoordinator:
             assignor_state=g.assignor_state,
             connectors=tuple(
                 _prep.ConnectorSpec(
-                    name=c.name, task_count=c.task_count,
+                    name=c.name, task_count=running_task_count(c, g.task_configs.get(c.name)),
                     config=tuple(_prep.ConfigEntry(name=k, value=v) for k, v in c.config),
                 )
                 for c in sorted(g.connectors.values(), key=lambda c: c.name)
@@ -1745,6 +1839,8 @@ class GroupCoordinator:
             txn.write(rec.tombstone(CurrentMemberAssignmentKey(group_id=gid, member_id=mid)))
             g.soft.hold_deadline.pop(mid, None)
         self._event(txn, g, "group deleted", empty_ms=now_ms - since)
+        for name in list(g.task_configs):  # (of no live connector: garbage)
+            txn.write(rec.tombstone(ConnectorTaskConfigsKey(group_id=gid, connector=name)))
         if g.configs:
             txn.write(rec.tombstone(GroupConfigurationKey(group_id=gid)))
         # FIX (tests): always tombstone GroupConnectors. A connectors record written at group
@@ -1784,11 +1880,11 @@ class GroupCoordinator:
         for name in req.deletes:
             del updated[name]
         for spec in req.upserts:
-            prior = current.get(spec.name)
+            # (an update keeps the connector's incarnation; a new connector gets one below)
+            old = current.get(spec.name)
             updated[spec.name] = ConnectorSpec(
                 spec.name, spec.task_count, tuple((c.name, c.value) for c in spec.config),
-                prior.incarnation if prior is not None
-                else self._new_incarnation(g, spec.name, now_ms),
+                old.incarnation if old is not None else _NEW_INCARNATION,
             )
         # (A group already above a lowered limit may still shrink, or change configs only.)
         total = item_count(updated.values())
@@ -1808,15 +1904,116 @@ class GroupCoordinator:
                 g = self._get_or_create_group(txn, req.group_id, now_ms)
             return ConnectGroupAlterConnectorsResponse(group_epoch=epoch)
         g = self._get_or_create_group(txn, req.group_id, now_ms)
+        # A connector created gets its incarnation from the group's fencing token counter:
+        # what belongs to an earlier connector of the same name (task configs, offsets) is
+        # told apart by it.
+        for name, spec in updated.items():
+            if name not in current:
+                floor = self._incarnation_floor(g, name)
+                if floor > (g.token_counter or 0):
+                    g.token_counter = floor - 1  # (the next token: above the leftovers')
+                updated[name] = replace(spec, incarnation=self._next_token(txn, g, now_ms))
         # A change of connectors or task counts is a change of group metadata: bump the epoch.
         # A group without members has nothing to assign, so its epoch stays.
         bump = bool(g.members)
+        before = set(g.configured)
         txn.write(rec.group_connectors(g.group_id, g.epoch + bump, updated.values()))
+        for name in req.deletes:
+            if name in g.task_configs:
+                txn.write(rec.tombstone(ConnectorTaskConfigsKey(group_id=g.group_id,
+                                                                connector=name)))
         if bump:
             self._bump(txn, g, now_ms, "connectors_changed", connectors=len(updated),
                        items=item_count(updated.values()))
-        # Targets only ever hold configured items: strip what was removed, now.
-        removed = {i for c in current.values() for i in c.items()} - g.configured
+        self._strip_removed(txn, g, before - g.configured)
+        if g.connectors:
+            g.soft.empty_since_ms = None
+        if g.offset_garbage:  # a deleted connector's offsets: tombstoned in batches, from now
+            txn.timer(OFFSETS, g.group_id, "", now_ms)
+        self._after(txn, g, now_ms)
+        return ConnectGroupAlterConnectorsResponse(group_epoch=g.epoch)
+
+    def _check_owner(self, group_id: str, member_id: str, member_epoch: int,
+                     item: Item) -> tuple[Group, ConnectorSpec]:
+        """The fence of a write made for an item (task configs): the member exists, its epoch
+        is the current one (a lower one: STALE_MEMBER_EPOCH, it may retry once its heartbeat
+        brought the new one; a higher one: FENCED_MEMBER_EPOCH), the item's connector exists,
+        and the member owns the item (assigned, or being revoked and not reported released).
+        Returns the group and the connector."""
+        g = self.state.groups.get(group_id)
+        if g is None or member_id not in g.members:
+            raise _Reject(E.UNKNOWN_MEMBER_ID,
+                          f"Member {member_id} is not a member of group {group_id}.")
+        cur = g.current.get(member_id, NEW_MEMBER_ASSIGNMENT)
+        if member_epoch < cur.epoch:
+            raise _Reject(E.STALE_MEMBER_EPOCH,
+                          f"MemberEpoch {member_epoch} is older than the member's epoch "
+                          f"{cur.epoch}; retry with the epoch of the latest heartbeat.")
+        if member_epoch > cur.epoch:
+            raise _Reject(E.FENCED_MEMBER_EPOCH,
+                          f"MemberEpoch {member_epoch} is newer than the member's epoch "
+                          f"{cur.epoch}.")
+        spec = g.connectors.get(item.connector)
+        if spec is None:
+            raise _Reject(E.INVALID_REQUEST,
+                          f"Connector {item.connector} does not exist in group {group_id}.")
+        if item not in cur.assigned and item not in cur.revoking:
+            raise _Reject(E.ITEM_NOT_OWNED,
+                          f"Member {member_id} does not own {item} (at member epoch "
+                          f"{cur.epoch}).")
+        return g, spec
+
+    def _write_task_configs(
+        self, txn: _Txn, req: ConnectGroupWriteTaskConfigsRequest, now_ms: int
+    ) -> Any:
+        """ConnectGroupWriteTaskConfigs: the connector instance's task configs, fenced by the
+        member epoch and the connector item's ownership. The running task count becomes their
+        number (at most the configured count); a change bumps the group epoch, so a new target
+        follows, and removed tasks leave the targets at once."""
+        if not req.group_id:
+            raise _Reject(E.INVALID_REQUEST, "GroupId must be non-empty.")
+        if not req.member_id:
+            raise _Reject(E.INVALID_REQUEST, "MemberId must be non-empty.")
+        if not req.connector:
+            raise _Reject(E.INVALID_REQUEST, "Connector must be non-empty.")
+        configs = tuple(tuple((e.name, e.value) for e in t.config) for t in req.task_configs)
+        for task, config in enumerate(configs):
+            keys = [k for k, _ in config]
+            if any(not k for k in keys) or len(set(keys)) != len(keys):
+                raise _Reject(E.INVALID_REQUEST,
+                              f"TaskConfigs[{task}]: config names must be non-empty and unique.")
+        g, spec = self._check_owner(req.group_id, req.member_id, req.member_epoch,
+                                    Item(req.connector, CONNECTOR))
+        if len(configs) > spec.task_count:
+            raise _Reject(E.INVALID_REQUEST,
+                          f"{len(configs)} task configs for connector {spec.name}, which has "
+                          f"{spec.task_count} tasks configured (TaskCount).")
+        new = TaskConfigs(spec.incarnation, configs)
+        if g.task_configs.get(spec.name) == new:
+            return ConnectGroupWriteTaskConfigsResponse(changed=False, group_epoch=g.epoch)
+        record = rec.task_configs(g.group_id, spec.name, new)
+        limit = self.config.max_batch_bytes
+        # (written with the group epoch's bump, and the targets the tasks removed leave,
+        # which the connectors' footprint check keeps within the batch limit)
+        size = rec.batch_bytes([record, rec.group_metadata(g.group_id, g.epoch, 1 << 62)])
+        if size > limit:
+            raise _Reject(
+                E.INVALID_REQUEST,
+                f"The task configs of connector {spec.name} need {size:,} bytes in one "
+                f"coordinator log batch, over its limit of {limit:,} bytes: use smaller "
+                "task configs.")
+        before = set(g.configured)
+        txn.write(record)
+        if g.members:  # (the writer is one: always)
+            self._bump(txn, g, now_ms, "task_configs_changed", req.member_id,
+                       connector=spec.name, tasks=len(configs))
+        self._strip_removed(txn, g, before - g.configured)
+        self._after(txn, g, now_ms)
+        return ConnectGroupWriteTaskConfigsResponse(changed=True, group_epoch=g.epoch)
+
+    def _strip_removed(self, txn: _Txn, g: Group, removed: set[Item]) -> None:
+        """Targets only ever hold configured items: strip what is no longer configured, now;
+        whoever still holds such an item reconciles on its next heartbeat."""
         affected = {g.target_owner[i] for i in removed if i in g.target_owner}
         for mid in sorted(affected):
             t = g.target[mid]
@@ -1827,12 +2024,6 @@ class GroupCoordinator:
             if holder is not None:
                 g.soft.dirty.add(holder)
                 txn.wake.add((g.group_id, holder))
-        if g.connectors:
-            g.soft.empty_since_ms = None
-        if g.offset_garbage:  # a deleted connector's offsets: tombstoned in batches, from now
-            txn.timer(OFFSETS, g.group_id, "", now_ms)
-        self._after(txn, g, now_ms)
-        return ConnectGroupAlterConnectorsResponse(group_epoch=g.epoch)
 
     def _check_log_footprint(
         self, group_id: str, current: dict[str, ConnectorSpec], updated: dict[str, ConnectorSpec]
@@ -1876,14 +2067,13 @@ class GroupCoordinator:
 
     # == offsets ====================================================================================
     @staticmethod
-    def _new_incarnation(g: Group | None, name: str, now_ms: int) -> int:
-        """A new connector's incarnation: above every incarnation its name's leftover offsets
-        carry, so a deleted and re-created connector never serves its predecessor's."""
-        incarnation = now_ms * 1000
-        garbage = g.offset_garbage.get(name) if g is not None else None
-        if garbage:
-            incarnation = max(incarnation, 1 + max(i for i, _ in garbage.values()))
-        return incarnation
+    def _incarnation_floor(g: Group, name: str) -> int:
+        """The lowest incarnation a new connector ``name`` may get: above every incarnation
+        its name's leftover offsets carry, so a deleted and re-created connector never serves
+        its predecessor's (the group's token counter is above them anyway, unless the group
+        was deleted and created again meanwhile)."""
+        garbage = g.offset_garbage.get(name)
+        return 1 + max(i for i, _ in garbage.values()) if garbage else 0
 
     def _offsets_target(self, group_id: str, connector: str) -> tuple[Group, ConnectorSpec]:
         if not group_id:
@@ -2094,6 +2284,7 @@ class GroupCoordinator:
                 target_assignment=assignment(g.target_items(mid)),
                 revoking_connectors=revoking.connectors, revoking_tasks=revoking.tasks,
                 instance_states=self._described_states(g, mid, cur.owned),
+                fencing_tokens=rec.item_tokens(_desc.ItemToken, cur.tokens),
             ))
         # Holds: what fenced members (no longer members) still own until their stop budget ran
         # out (describe did not show who holds what, or until when).
@@ -2113,12 +2304,18 @@ class GroupCoordinator:
                     name=c.name, task_count=c.task_count,
                     config=tuple(_desc.ConfigEntry(name=k, value=v) for k, v in c.config),
                     offset_count=len(g.offsets.get(c.name, ())),
+                    task_configs=self._described_task_configs(c, g.task_configs.get(c.name)),
                 )
                 for c in sorted(g.connectors.values(), key=lambda c: c.name)
             ),
             members=tuple(members),
             holds=holds,
         )
+
+
+def _task_configs_of(spec: ConnectorSpec, written: TaskConfigs | None) -> TaskConfigs | None:
+    """The task configs written for ``spec``'s incarnation, or None."""
+    return written if written is not None and written.incarnation == spec.incarnation else None
 
 
 def _assignor_signature(assignors: Iterable[AssignorSpec]) -> tuple[AssignorSpec, ...]:

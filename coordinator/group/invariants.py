@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import HELD_EPOCH, Group, GroupState, Item, MemberState, is_hold
+from .model import (
+    HELD_EPOCH,
+    Group,
+    GroupState,
+    Item,
+    MemberState,
+    connector_items,
+    is_hold,
+    running_task_count,
+)
 from .state import CoordinatorState
 
 
@@ -43,7 +52,9 @@ def _group_problems(g: Group) -> list[str]:
                 out.append(f"{item} owned by both {owner[item]} and {mid}")
             owner[item] = mid
     # 2. Targets only contain configured items, none twice.
-    configured = {i for c in g.connectors.values() for i in c.items()}
+    # (each connector's running task count: its task configs' number, if written)
+    configured = {i for c in g.connectors.values()
+                  for i in connector_items(c.name, running_task_count(c, g.task_configs.get(c.name)))}
     in_target: dict[Item, str] = {}
     for mid, t in g.target.items():
         extra = t.items - configured

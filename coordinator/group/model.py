@@ -13,7 +13,7 @@ records is in :class:`SoftState` and is rebuilt (with fresh deadlines) after a l
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,28 @@ class ConnectorSpec:
         return connector_items(self.name, self.task_count)
 
 
+TaskConfig = tuple[tuple[str, str | None], ...]
+"""One task's own configuration entries, in the order the connector instance wrote them."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskConfigs:
+    """The task configs a connector instance wrote (record ``ConnectorTaskConfigs``), for the
+    connector's ``incarnation`` (a record of another incarnation is garbage: ignored)."""
+
+    incarnation: int
+    configs: tuple[TaskConfig, ...]
+
+
+def running_task_count(spec: ConnectorSpec, written: TaskConfigs | None) -> int:
+    """How many tasks of ``spec`` run: the length of the task configs its connector instance
+    wrote for this incarnation, at most the configured count; the configured count before any
+    was written."""
+    if written is None or written.incarnation != spec.incarnation:
+        return spec.task_count
+    return min(len(written.configs), spec.task_count)
+
+
 def item_count(connectors: Iterable[ConnectorSpec]) -> int:
     """How many items (each connector plus its tasks) the connectors configure, without building
     them (what ``group.connect.max.tasks`` bounds)."""
@@ -110,6 +132,9 @@ class CurrentAssignment:
     revoking: frozenset[Item]
     metadata_version: int = 0
     metadata_bytes: bytes = b""
+    tokens: Mapping[Item, int] = field(default_factory=dict, hash=False)
+    """The fencing token of each owned item (assigned and revoking): given when the item
+    entered the member's owned set (a grant), kept while it stays there."""
 
     @property
     def owned(self) -> frozenset[Item]:
@@ -314,6 +339,8 @@ class Group:
     offset_garbage: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
     """connector -> partition -> (incarnation, offset): offset records of a deleted connector
     (or an older incarnation of it) not yet tombstoned; never served, removed in batches."""
+    token_ceiling: int = 0  # fencing tokens up to this may have been given (GroupMetadata)
+    task_configs: dict[str, TaskConfigs] = field(default_factory=dict)  # connector -> written
     # -- derived indexes, maintained by replay ------------------------------------------------
     owner: dict[Item, str] = field(default_factory=dict)  # item -> member owning it (current)
     target_owner: dict[Item, str] = field(default_factory=dict)  # item -> member (target)
@@ -322,6 +349,9 @@ class Group:
     configured: set[Item] = field(default_factory=set)
     assignors: AssignorIndex = field(default_factory=AssignorIndex)
     # -- soft state -----------------------------------------------------------------------------
+    token_counter: int | None = None
+    """The last fencing token given (None: none given since the load; the next is above
+    ``token_ceiling``). Never behind a token handed out, never above the durable ceiling."""
     soft: SoftState = field(default_factory=SoftState)
 
     def durable(self) -> dict[str, Any]:
@@ -343,6 +373,8 @@ class Group:
             "has_target_metadata": self.has_target_metadata,
             "offsets": {c: dict(p) for c, p in self.offsets.items()},
             "offset_garbage": {c: dict(p) for c, p in self.offset_garbage.items()},
+            "token_ceiling": self.token_ceiling,
+            "task_configs": dict(self.task_configs),
             "owner": dict(self.owner),
             "target_owner": dict(self.target_owner),
             "static_members": dict(self.static_members),

@@ -14,6 +14,8 @@ from connect_wire import codec
 from connect_wire.records import (
     ConnectorOffsetKey,
     ConnectorOffsetValue,
+    ConnectorTaskConfigsKey,
+    ConnectorTaskConfigsValue,
     CurrentMemberAssignmentKey,
     CurrentMemberAssignmentValue,
     GroupConfigurationKey,
@@ -29,6 +31,7 @@ from connect_wire.records import (
     TargetAssignmentMetadataKey,
     TargetAssignmentMetadataValue,
 )
+from connect_wire.records import connector_task_configs_value_v0 as _tcv
 from connect_wire.records import current_member_assignment_value_v0 as _cma
 from connect_wire.records import group_configuration_value_v0 as _gcfg
 from connect_wire.records import group_connectors_value_v0 as _gc
@@ -43,6 +46,7 @@ from .model import (
     MemberMetadata,
     MemberState,
     TargetMember,
+    TaskConfigs,
     items_from_wire,
     split_items,
 )
@@ -64,8 +68,11 @@ def _tasks(cls: type, items: Iterable[Item]) -> tuple[Any, ...]:
 # -- builders -------------------------------------------------------------------------------
 
 
-def group_metadata(group_id: str, epoch: int) -> Record:
-    return Record(GroupMetadataKey(group_id=group_id), GroupMetadataValue(epoch=epoch))
+def group_metadata(group_id: str, epoch: int, token_ceiling: int = 0) -> Record:
+    """Every GroupMetadata record carries the group's fencing token ceiling: a record without
+    it would lower the ceiling a load starts the token counter from."""
+    return Record(GroupMetadataKey(group_id=group_id),
+                  GroupMetadataValue(epoch=epoch, fencing_token_ceiling=token_ceiling))
 
 
 def group_connectors(group_id: str, epoch: int, connectors: Iterable[ConnectorSpec]) -> Record:
@@ -134,6 +141,11 @@ def target_metadata(
     )
 
 
+def item_tokens(cls: type, tokens: Any) -> tuple[Any, ...]:
+    """``ItemToken`` structs of ``cls`` for an item -> token mapping, in item order."""
+    return tuple(cls(connector=i.connector, task=i.task, token=tokens[i]) for i in sorted(tokens))
+
+
 def current_assignment(group_id: str, member_id: str, c: CurrentAssignment) -> Record:
     connectors, tasks = split_items(c.assigned)
     revoking_connectors, revoking_tasks = split_items(c.revoking)
@@ -149,7 +161,17 @@ def current_assignment(group_id: str, member_id: str, c: CurrentAssignment) -> R
             revoking_tasks=_tasks(_cma.TaskId, revoking_tasks),
             metadata_version=c.metadata_version,
             metadata_bytes=c.metadata_bytes,
+            fencing_tokens=item_tokens(_cma.ItemToken, c.tokens),
         ),
+    )
+
+
+def task_configs(group_id: str, connector: str, t: TaskConfigs) -> Record:
+    return Record(
+        ConnectorTaskConfigsKey(group_id=group_id, connector=connector),
+        ConnectorTaskConfigsValue(incarnation=t.incarnation, task_configs=tuple(
+            _tcv.TaskConfig(config=tuple(_tcv.ConfigEntry(name=k, value=v) for k, v in config))
+            for config in t.configs)),
     )
 
 
@@ -214,15 +236,23 @@ def connectors_log_bytes(group_id: str, connectors: Iterable[ConnectorSpec]) -> 
     return batch_bytes([group_connectors(group_id, 0, connectors)])
 
 
+TOKENS_FRAMING_BYTES = 12
+"""At most what the fencing tokens' tagged field adds to a current assignment record besides
+its ItemTokens: the tagged-field count, the tag, the field's size and the array's length."""
+
+
 def assignment_bytes(connectors: Iterable[ConnectorSpec]) -> int:
-    """What every item of ``connectors`` takes in assignment records (target or current): a
-    connector as a compact string, each of its tasks as a TaskId struct (the connector's name
-    again, an int32 and the struct's tagged-field byte). Computed without building the items."""
-    total = 0
+    """At most what every item of ``connectors`` takes in an assignment record, a current one
+    (a target's takes less): a connector as a compact string, each of its tasks as a TaskId
+    struct (the connector's name again, an int32 and the struct's tagged-field byte), and each
+    item's fencing token as an ItemToken (the name again, an int32, an int64, a tagged-field
+    byte). Computed without building the items."""
+    total = TOKENS_FRAMING_BYTES
     for c in connectors:
         n = len(c.name.encode("utf-8", "surrogatepass"))
         name = _uvarint_bytes(n + 1) + n
-        total += name + max(c.task_count, 0) * (name + 5)
+        tasks = max(c.task_count, 0)
+        total += name + tasks * (name + 5) + (1 + tasks) * (name + 13)
     return total
 
 
@@ -284,4 +314,10 @@ def current_from(value: CurrentMemberAssignmentValue) -> CurrentAssignment:
         revoking=items_from_wire(value.revoking_connectors, value.revoking_tasks),
         metadata_version=value.metadata_version,
         metadata_bytes=value.metadata_bytes,
+        tokens={Item(t.connector, t.task): t.token for t in value.fencing_tokens},
     )
+
+
+def task_configs_from(value: ConnectorTaskConfigsValue) -> TaskConfigs:
+    return TaskConfigs(value.incarnation, tuple(
+        tuple((e.name, e.value) for e in t.config) for t in value.task_configs))

@@ -21,6 +21,7 @@ from typing import Any
 
 from connect_wire.records import (
     ConnectorOffsetKey,
+    ConnectorTaskConfigsKey,
     CurrentMemberAssignmentKey,
     GroupConfigurationKey,
     GroupConnectorsKey,
@@ -41,7 +42,10 @@ from .model import (
     MemberMetadata,
     MemberState,
     TargetMember,
+    TaskConfigs,
+    connector_items,
     item_count,
+    running_task_count,
 )
 from .validation import (
     validate_connector,
@@ -88,7 +92,10 @@ class CoordinatorState:
     # values and calls the same ``apply_*``, so both paths change the state in the same way.
 
     def _replay_group_metadata(self, key: Any, value: Any) -> None:
-        self.apply_group_metadata(key.group_id, None if value is None else value.epoch)
+        if value is None:
+            self.apply_group_metadata(key.group_id, None)
+        else:
+            self.apply_group_metadata(key.group_id, value.epoch, value.fencing_token_ceiling)
 
     def _replay_connectors(self, key: Any, value: Any) -> None:
         if value is None:
@@ -118,6 +125,10 @@ class CoordinatorState:
             c = rec.current_from(value)
             self.apply_current(key.group_id, key.member_id, c, _owned(c))
 
+    def _replay_task_configs(self, key: Any, value: Any) -> None:
+        self.apply_task_configs(key.group_id, key.connector,
+                                None if value is None else rec.task_configs_from(value))
+
     def _replay_configuration(self, key: Any, value: Any) -> None:
         configs = None if value is None else {c.name: c.value for c in value.configs}
         self.apply_configuration(key.group_id, configs)
@@ -127,7 +138,7 @@ class CoordinatorState:
                           None if value is None else (value.incarnation, value.offset))
 
     # -- apply: one record's model values (None: a tombstone) --------------------------------
-    def apply_group_metadata(self, group_id: str, epoch: int | None) -> None:
+    def apply_group_metadata(self, group_id: str, epoch: int | None, token_ceiling: int = 0) -> None:
         if epoch is None:
             g = self.groups.get(group_id)
             if g is None:
@@ -138,9 +149,12 @@ class CoordinatorState:
             return
         if epoch < 0:
             _refuse(group_id, "group metadata", f"GroupEpoch {epoch} is negative.")
+        if token_ceiling < 0:
+            _refuse(group_id, "group metadata", f"FencingTokenCeiling {token_ceiling} is negative.")
         g = self._group(group_id)
         g.epoch = epoch
         g.has_metadata = True
+        g.token_ceiling = token_ceiling
         # (whether a member is reconciled depends on the assignment epoch, not on this one: a
         # bump touches no member, so a join costs O(1), not O(members))
 
@@ -173,7 +187,45 @@ class CoordinatorState:
         _move_offsets(g, connectors)
         g.connectors = connectors
         g.connectors_epoch = epoch
-        g.configured = {i for c in connectors.values() for i in c.items()}
+        written = g.task_configs
+        g.configured = {
+            i for c in connectors.values()
+            for i in connector_items(c.name, running_task_count(c, written.get(c.name)))
+        }
+
+    def apply_task_configs(self, group_id: str, connector: str, t: TaskConfigs | None) -> None:
+        """A connector's task configs (None: deleted). The connector's running task count, and
+        so the group's configured items, follow them (``model.running_task_count``); a record
+        of another incarnation than the live connector's changes nothing."""
+        if t is not None:
+            if not connector or t.incarnation < 0:
+                _refuse(group_id, "task configs",
+                        f"connector {connector!r}, incarnation {t.incarnation}")
+            for config in t.configs:
+                keys = [k for k, _ in config]
+                if any(not k for k in keys) or len(set(keys)) != len(keys):
+                    _refuse(group_id, "task configs",
+                            f"connector {connector}: config names must be non-empty and unique.")
+        g = self.groups.get(group_id) if t is None else self._group(group_id)
+        if g is None:
+            return
+        spec = g.connectors.get(connector)
+        before = running_task_count(spec, g.task_configs.get(connector)) if spec else 0
+        if t is None:
+            g.task_configs.pop(connector, None)
+        else:
+            g.task_configs[connector] = t
+        if spec is None:
+            return
+        after = running_task_count(spec, t)
+        if after == before:
+            return
+        configured = g.configured
+        for i in connector_items(connector, max(before, after))[1 + min(before, after):]:
+            if after > before:
+                configured.add(i)
+            else:
+                configured.discard(i)
 
     def apply_member(self, group_id: str, member_id: str, m: MemberMetadata | None) -> None:
         if m is not None:
@@ -371,7 +423,9 @@ class CoordinatorState:
         if g is None:
             return rec.tombstone(key)
         if t is GroupMetadataKey:
-            return rec.group_metadata(g.group_id, g.epoch) if g.has_metadata else rec.tombstone(key)
+            if not g.has_metadata:
+                return rec.tombstone(key)
+            return rec.group_metadata(g.group_id, g.epoch, g.token_ceiling)
         if t is GroupConnectorsKey:
             if not g.connectors and g.connectors_epoch == 0:
                 return rec.tombstone(key)
@@ -406,6 +460,9 @@ class CoordinatorState:
                 return rec.connector_offset(g.group_id, key.connector, key.partition, incarnation,
                                             offset)
             return rec.tombstone(key)
+        if t is ConnectorTaskConfigsKey:
+            tc = g.task_configs.get(key.connector)
+            return rec.task_configs(g.group_id, key.connector, tc) if tc else rec.tombstone(key)
         raise ReplayError(f"unknown record key type {t.__name__}")
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
@@ -462,4 +519,5 @@ _REPLAY = {
     CurrentMemberAssignmentKey: CoordinatorState._replay_current,
     GroupConfigurationKey: CoordinatorState._replay_configuration,
     ConnectorOffsetKey: CoordinatorState._replay_offset,
+    ConnectorTaskConfigsKey: CoordinatorState._replay_task_configs,
 }

@@ -40,6 +40,7 @@ from connect_wire.records import (
     RECORD_KEYS,
     RECORD_VALUES,
     ConnectorOffsetKey,
+    ConnectorTaskConfigsKey,
     CurrentMemberAssignmentKey,
     GroupConfigurationKey,
     GroupConnectorsKey,
@@ -330,7 +331,8 @@ def _fast_constructor(cls: type, names: tuple[str, ...]) -> Callable[..., Any]:
 
 
 _new_current = _fast_constructor(CurrentAssignment, (
-    "epoch", "previous_epoch", "state", "assigned", "revoking", "metadata_version", "metadata_bytes"))
+    "epoch", "previous_epoch", "state", "assigned", "revoking", "metadata_version", "metadata_bytes",
+    "tokens"))
 _new_target = _fast_constructor(TargetMember, ("items", "metadata_version", "metadata_bytes"))
 _new_member = _fast_constructor(MemberMetadata, (
     "member_id", "instance_id", "worker_url", "client_id", "client_host", "rebalance_timeout_ms",
@@ -358,7 +360,7 @@ def _layout(cls: type) -> tuple[Any, ...]:
 _TASK = (True, ("connector", "string", "str"), ("task", "int32", "int"))
 _ITEMS = (("connectors", "string", "tuple[str, ...]"), ("tasks", _TASK))
 _EXPECTED = {
-    (1, 0): (True, ("epoch", "int32", "int")),
+    (1, 0): (True, ("epoch", "int32", "int"), ("tagged", "fencing_token_ceiling")),
     (3, 0): (
         True,
         ("instance_id", "string", "str | None"),
@@ -394,6 +396,7 @@ _EXPECTED = {
         ("revoking_tasks", _TASK),
         ("metadata_version", "int16", "int"),
         ("metadata_bytes", "bytes", "bytes"),
+        ("tagged", "fencing_tokens"),
     ),
 }
 _FAST_VALUES = frozenset(
@@ -409,6 +412,7 @@ _KIND = {  # key class -> the kind the loader dispatches on
     CurrentMemberAssignmentKey: 6,
     GroupConfigurationKey: 7,
     ConnectorOffsetKey: 8,
+    ConnectorTaskConfigsKey: 10,
 }
 _GROUP_KEY = (False, ("group_id", "string", "str"))
 _MEMBER_KEY = (*_GROUP_KEY, ("member_id", "string", "str"))
@@ -421,6 +425,7 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _TARGET_META = struct.Struct(">hib")  # value version, assignment epoch, error
 _I64 = struct.Struct(">q")
+_TASK_TOKEN = struct.Struct(">iq")  # an ItemToken's task and token
 _CURRENT_HEAD = struct.Struct(">hiib")  # value version, member epoch, previous epoch, state
 _CURRENT_HEAD_SIZE = _CURRENT_HEAD.size  # 11: the rest is cached per distinct bytes
 _ASSIGNOR_FIXED = struct.Struct(">hhbh")  # minimum, maximum version, reason, metadata version
@@ -499,6 +504,55 @@ def _bytes_end(data: bytes, pos: int) -> tuple[bytes, int]:
     return data[pos:stop], stop
 
 
+def _bytes_tokens_end(data: bytes, pos: int) -> tuple[bytes, dict[Item, int]]:
+    """Compact (non-null) bytes at ``pos``, then the value's tagged fields: none, or only tag 0,
+    the fencing tokens (a compact ``[]ItemToken``), up to the end of the value."""
+    size = data[pos]
+    pos += 1
+    if size >= 0x80:
+        size, pos = _varint(data, pos - 1)
+    stop = pos + size - 1
+    end = len(data)
+    if size == 0 or stop >= end:
+        raise _Slow
+    metadata = data[pos:stop]
+    if not data[stop]:
+        if stop + 1 != end:
+            raise _Slow
+        return metadata, {}
+    if data[stop] != 1 or data[stop + 1] != 0:
+        raise _Slow  # another tag
+    pos = stop + 2
+    size = data[pos]
+    pos += 1
+    if size >= 0x80:
+        size, pos = _varint(data, pos - 1)
+    if pos + size != end:
+        raise _Slow
+    n = data[pos]
+    pos += 1
+    if n >= 0x80:
+        n, pos = _varint(data, pos - 1)
+    if n == 0:
+        raise _Slow  # null
+    tokens = {}
+    unpack = _TASK_TOKEN.unpack_from
+    for _ in range(n - 1):
+        size = data[pos]
+        pos += 1
+        if size >= 0x80:
+            size, pos = _varint(data, pos - 1)
+        stop = pos + size - 1
+        if size == 0 or stop + 13 > end or data[stop + 12]:
+            raise _Slow  # null, overrun, tagged fields in an ItemToken
+        task, token = unpack(data, stop)
+        tokens[_new_tuple(Item, (data[pos:stop].decode(), task))] = token
+        pos = stop + 13
+    if pos != end:
+        raise _Slow
+    return metadata, tokens
+
+
 def _string(data: bytes, pos: int) -> tuple[str | None, int]:
     """A compact, nullable string (None: null)."""
     size = data[pos]
@@ -558,10 +612,12 @@ class _Loader:
         self.member_ids: dict[bytes, tuple[str, str | None]] = {}
         self.group_ids_of: dict[bytes, tuple[str, str | None]] = {}
         self.group_ids: dict[str, str] = {}  # one string object per group id
-        # current assignment value bytes after the head -> (assigned, revoking, owned, version, bytes)
-        self.currents: dict[bytes, tuple[frozenset[Item], frozenset[Item], frozenset[Item], int, bytes]] = {}
+        # current assignment value bytes after the head -> (assigned, revoking, owned, version,
+        # bytes, tokens)
+        self.currents: dict[bytes, tuple[frozenset[Item], frozenset[Item], frozenset[Item], int, bytes,
+                                         dict[Item, int]]] = {}
         self.targets: dict[bytes, TargetMember] = {}  # target member value bytes -> its value
-        self.epochs: dict[bytes, int] = {}  # group metadata value bytes -> the epoch
+        self.epochs: dict[bytes, tuple[int, int]] = {}  # group metadata value -> (epoch, ceiling)
         self.assignors: dict[bytes, tuple[AssignorSpec, ...]] = {}  # member value tail -> assignors
         self.stats = LoadStats()
 
@@ -591,6 +647,8 @@ class _Loader:
                 group_id = self.group_ids.setdefault(key.group_id, key.group_id)
                 if kind_of == 8:  # (connector, partition) in the member id's place
                     info = (kind_of, group_id, (key.connector, key.partition))
+                elif kind_of == 10:  # a connector's name in the member id's place
+                    info = (kind_of, group_id, key.connector)
                 else:
                     info = (kind_of, group_id, getattr(key, "member_id", None))
         self.keys[key_bytes] = info
@@ -625,15 +683,15 @@ class _Loader:
             assigned, pos = _items(value, _CURRENT_HEAD_SIZE)
             revoking, pos = _items(value, pos)
             (metadata_version,) = _I16.unpack_from(value, pos)
-            metadata_bytes, _ = _bytes_end(value, pos + 2)
+            metadata_bytes, tokens = _bytes_tokens_end(value, pos + 2)
         except Exception:
             c = rec.current_from(decode_value(6, value))
             return c, (c.assigned | c.revoking if c.revoking else c.assigned)
         owned = assigned | revoking if revoking else assigned
         self.currents[value[_CURRENT_HEAD_SIZE:]] = (
-            assigned, revoking, owned, metadata_version, metadata_bytes)
+            assigned, revoking, owned, metadata_version, metadata_bytes, tokens)
         c = _new_current(epoch, previous, _STATES.get(state, _UNKNOWN_STATE), assigned, revoking,
-                         metadata_version, metadata_bytes)
+                         metadata_version, metadata_bytes, tokens)
         return c, owned
 
     def target(self, value: bytes) -> TargetMember:
@@ -649,16 +707,22 @@ class _Loader:
         self.targets[value] = t
         return t
 
-    def epoch(self, value: bytes) -> int:
-        if (
-            len(value) == 7 and not value[0] and not value[1] and not value[6]
-            and (1, 0) in _FAST_VALUES
+    def epoch(self, value: bytes) -> tuple[int, int]:
+        """(group epoch, fencing token ceiling) of a group metadata value."""
+        size = len(value)
+        if size >= 7 and not value[0] and not value[1] and (1, 0) in _FAST_VALUES and (
+            (size == 7 and not value[6])
+            # the ceiling alone as its tagged field: one field, tag 0, 8 bytes
+            or (size == 17 and value[6] == 1 and not value[7] and value[8] == 8)
         ):
             (epoch,) = _I32.unpack_from(value, 2)
+            ceiling = _I64.unpack_from(value, 9)[0] if size == 17 else 0
+            out = (epoch, ceiling)
         else:
-            epoch = decode_value(1, value).epoch
-        self.epochs[value] = epoch
-        return epoch
+            v = decode_value(1, value)
+            out = (v.epoch, v.fencing_token_ceiling)
+        self.epochs[value] = out
+        return out
 
     def member(self, member_id: str, value: bytes) -> MemberMetadata:
         try:
@@ -742,7 +806,7 @@ class _Loader:
                                     owned = hit[2]
                                     c = new_current(
                                         epoch, previous, states.get(member_state, unknown_state),
-                                        hit[0], hit[1], hit[3], hit[4])
+                                        hit[0], hit[1], hit[3], hit[4], hit[5])
                             apply_current(group_id, member_id, c, owned)
                     elif kind == 4:
                         if value is None:
@@ -755,7 +819,7 @@ class _Loader:
                             apply_metadata(group_id, None)
                         else:
                             e = epochs.get(value)
-                            apply_metadata(group_id, self.epoch(value) if e is None else e)
+                            apply_metadata(group_id, *(self.epoch(value) if e is None else e))
                     elif kind == 0:
                         stats.skipped += 1
                         if self.on_unknown is not None:
@@ -787,6 +851,9 @@ class _Loader:
             else:
                 v = decode_value(11, value)
                 state.apply_offset(group_id, connector, partition, (v.incarnation, v.offset))
+        elif kind == 10:
+            state.apply_task_configs(group_id, member_id, None if value is None
+                                     else rec.task_configs_from(decode_value(10, value)))
         else:  # 7
             configs = None if value is None else {c.name: c.value for c in decode_value(7, value).configs}
             state.apply_configuration(group_id, configs)

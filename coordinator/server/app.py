@@ -34,6 +34,7 @@ from connect_wire.messages import (
     ConnectGroupHeartbeatResponse,
     ConnectGroupInstallAssignmentResponse,
     ConnectGroupPrepareAssignmentResponse,
+    ConnectGroupWriteTaskConfigsResponse,
 )
 from connect_wire.messages import connect_group_describe_response_v0 as _desc
 from coordinator import logs
@@ -180,6 +181,9 @@ class Router:
         if api_key in _OFFSET_RESPONSES:
             response = _OFFSET_RESPONSES[api_key]
             return lambda code, msg: response(error_code=code, error_message=msg)
+        if api_key == ApiKey.CONNECT_GROUP_WRITE_TASK_CONFIGS:
+            return lambda code, msg: ConnectGroupWriteTaskConfigsResponse(
+                error_code=code, error_message=msg, changed=False, group_epoch=-1)
         raise KeyError(api_key)
 
     def error_response(self, request: Any, code: int, message: str, items: bool = True) -> Any:
@@ -209,7 +213,8 @@ class Router:
         if api_key == ApiKey.CONNECT_GROUP_HEARTBEAT:
             return self._hb_error(None, self.server.heartbeat_interval_ms)(ErrorCode.INVALID_REQUEST, text)
         if api_key in (ApiKey.CONNECT_GROUP_PREPARE_ASSIGNMENT, ApiKey.CONNECT_GROUP_INSTALL_ASSIGNMENT,
-                       ApiKey.CONNECT_GROUP_ALTER_CONNECTORS, *_OFFSET_RESPONSES):
+                       ApiKey.CONNECT_GROUP_ALTER_CONNECTORS,
+                       ApiKey.CONNECT_GROUP_WRITE_TASK_CONFIGS, *_OFFSET_RESPONSES):
             return self._error(api_key)(ErrorCode.INVALID_REQUEST, text)
         return None
 
@@ -280,7 +285,10 @@ class Router:
         error = self._error(api_key)
         if self.acl:
             name = APIS[api_key].name
+            # (a connector's task configs are written by the worker running it: READ, as
+            # ConnectGroupHeartbeat)
             operation = ("ALTER" if api_key == ApiKey.CONNECT_GROUP_ALTER_CONNECTORS
+                         else "READ" if api_key == ApiKey.CONNECT_GROUP_WRITE_TASK_CONFIGS
                          else self.assign_operation)
             refused = self.denied(ctx, name, operation, "GROUP", req.group_id)
             if refused is not None:
@@ -291,6 +299,8 @@ class Router:
             fn = lambda core, now: core.install_assignment(req, now)  # noqa: E731
         elif api_key == ApiKey.CONNECT_GROUP_ALTER_CONNECTORS:
             fn = lambda core, now: core.alter_connectors(req, now)  # noqa: E731
+        elif api_key == ApiKey.CONNECT_GROUP_WRITE_TASK_CONFIGS:
+            fn = lambda core, now: core.write_task_configs(req, now)  # noqa: E731
         else:
             raise KeyError(api_key)
         try:
@@ -400,10 +410,15 @@ class Router:
                 and not self.allowed(ctx, "ALTER", "GROUP", group_id)):
             # Who may only look (DESCRIBE) does not see secret values; the group's workers
             # (READ) run the connectors and its admins (ALTER) write them.
+            def hidden(entries: Any) -> tuple[Any, ...]:
+                return tuple(dataclasses.replace(e, value=secrets.hide(e.name, e.value))
+                             for e in entries)
             described = dataclasses.replace(described, connectors=tuple(
-                dataclasses.replace(c, config=tuple(
-                    dataclasses.replace(e, value=secrets.hide(e.name, e.value))
-                    for e in c.config)) for c in described.connectors))
+                dataclasses.replace(c, config=hidden(c.config), task_configs=None
+                                    if c.task_configs is None else tuple(
+                                        dataclasses.replace(t, config=hidden(t.config))
+                                        for t in c.task_configs))
+                for c in described.connectors))
         return described
 
     def _list_groups(self, cls: type, req: Any, ctx: RequestContext) -> asyncio.Future[Any]:
