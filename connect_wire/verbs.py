@@ -16,7 +16,8 @@ from ConnectGroupDescribe. Reserved keys (never passed to a plugin; ``connectors
 
 A worker restarts an instance when the part of the config it depends on changes: the plugin's
 config (the config without these keys: the connector and all its tasks), the restart generation
-(all of them), or the task's own counter (that task).
+(all of them), the task's own counter (that task), or the task's own config written by its
+connector instance (that task).
 """
 
 from __future__ import annotations
@@ -58,9 +59,12 @@ def counter(config: Mapping[str, str | None], key: str) -> int:
         return 0
 
 
-def identity(item: Item, config: Mapping[str, str | None]) -> tuple[object, ...]:
+def identity(item: Item, config: Mapping[str, str | None],
+             task_config: Mapping[str, str | None] | None = None) -> tuple[object, ...]:
     """What an instance of ``item`` was started from: when it changes, the instance restarts
-    (the plugin's config, the restart generation, and for a task its own restart counter)."""
+    (the plugin's config, the restart generation, for a task its own restart counter, and the
+    task's own config when its connector instance wrote task configs)."""
     own = 0 if item.is_connector else counter(config, restart_task_key(item.task))
     return (sorted(plugin_config(config).items(), key=lambda kv: kv[0]),
-            counter(config, RESTART_GENERATION), own)
+            counter(config, RESTART_GENERATION), own,
+            None if task_config is None else sorted(task_config.items(), key=lambda kv: kv[0]))

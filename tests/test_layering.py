@@ -18,7 +18,7 @@ layer   name                modules
                             (the settings, which the stores read too), ``coordinator.logs``,
                             ``coordinator.metrics``, ``coordinator.security.store/.listeners/
                             .tls``; ``worker_client.client`` and the worker's helpers (logs,
-                            metrics, failstop, config providers, plugins, fencing)
+                            metrics, failstop, config providers, plugins, fencing, context)
 4       server              ``coordinator.server``, ``coordinator.security.apis/.service``;
                             ``worker_client.worker``
 5       cluster             ``coordinator.cluster``
@@ -59,7 +59,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                            "coordinator.security.tls",
                            "worker_client.client", "worker_client.logs", "worker_client.metrics",
                            "worker_client.failstop", "worker_client.config_providers",
-                           "worker_client.plugins", "worker_client.fencing")),
+                           "worker_client.plugins", "worker_client.fencing", "worker_client.context")),
     ("server", ("coordinator.server", "coordinator.security.apis",
                 "coordinator.security.service", "worker_client.worker")),
     ("cluster", ("coordinator.cluster",)),

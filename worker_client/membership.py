@@ -136,6 +136,10 @@ class Membership:
     _sent_owned: frozenset[Item] | None = None
     _sent_assignors: tuple[AssignorAd, ...] | None = None
     _sent_url: str | None = None
+    tokens: dict[Item, int] = field(default_factory=dict)
+    """The fencing token of each item this member holds (assigned, or owned until reported
+    released), as the latest heartbeat assignment carried it (``Assignment.FencingTokens``).
+    An item the coordinator sent no token for has none (a coordinator that does not send them)."""
     instance_states: dict[Item, tuple[str, str | None, str | None]] = field(default_factory=dict)
     """The worker's instances' states (item -> (state, error, trace)), set by the worker before
     each heartbeat (Status): sent only when they changed, in full on join."""
@@ -190,6 +194,7 @@ class Membership:
     def _lose(self, now_ms: int, reason: str) -> Lost:
         lost = self.owned
         self.assigned = EMPTY
+        self.tokens = {item: tok for item, tok in self.tokens.items() if item in lost}
         self._sent_owned = None
         self.join(now_ms)  # same member id, epoch 0, once the work is stopped
         self.stopping_lost = bool(lost)
@@ -263,6 +268,7 @@ class Membership:
         self.state = State.LEFT
         self.member_epoch = 0
         self.assigned = EMPTY
+        self.tokens = {}
 
     # -- responses -----------------------------------------------------------------------------
     def on_failure(self, now_ms: int, backoff_ms: int) -> None:
@@ -303,6 +309,14 @@ class Membership:
         if a is not None:
             new = items_from_wire(a.connectors, a.tasks)
             self.assigned = new
+            # A revoking item keeps its token until it is reported released (its stop() may
+            # still write); an item given again gets the token of this grant.
+            tokens = {item: tok for item, tok in self.tokens.items() if item in self.owned}
+            for t in a.fencing_tokens:
+                item = Item(t.connector, t.task)
+                if item in new:
+                    tokens[item] = t.token
+            self.tokens = tokens
             revoke = self.owned - new
             add = new - self.owned
             if revoke:
@@ -359,10 +373,30 @@ class Membership:
     def revoked(self, items: frozenset[Item], now_ms: int) -> None:
         """These items are stopped (after a Revoke or a Lost): report at once."""
         self.owned = self.owned - items
+        for item in items - self.assigned:
+            self.tokens.pop(item, None)
         self.next_heartbeat_ms = now_ms
         if not self.owned:
             self.stopping_lost = False
         self._settle_state()
+
+    def holds(self, item: Item) -> bool:
+        """The coordinator counts ``item`` as this member's: assigned to it, or owned and not yet
+        reported released (a revoking item's ``stop()`` may still commit)."""
+        return item in self.assigned or item in self.owned
+
+    def write_refusal(self, item: Item) -> tuple[int, str] | None:
+        """Why a write fenced by this member's epoch (an offsets commit, task configs) for
+        ``item`` cannot be accepted now, as (error code, message), or None if it may be sent:
+        a member that lost its membership (epoch 0: fenced, or rejoining) writes nothing, nor
+        does one that no longer holds the item."""
+        if self.state in (State.LEAVING, State.LEFT, State.FAILED) or not self.member_id \
+                or self.member_epoch <= 0:
+            return (E.UNKNOWN_MEMBER_ID, f"this worker is not a member of group {self.group_id} "
+                    "now (fenced, rejoining or gone): the item may run elsewhere")
+        if not self.holds(item):
+            return (E.ITEM_NOT_OWNED, f"this worker no longer holds {item}")
+        return None
 
     def assigned_started(self, items: frozenset[Item], now_ms: int) -> None:
         """These items run now (or are being restarted by the runtime): report on the next beat."""

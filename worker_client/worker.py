@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -56,7 +57,7 @@ import structlog
 
 from connect_wire import verbs
 from connect_wire.client_security import SECURITY_CODES, ClientSecurity, SecurityError
-from connect_wire.errors import ErrorCode, error_name
+from connect_wire.errors import ErrorCode, ProtocolError, error_name
 from connect_wire.instance_states import (
     FAILED,
     RESTARTING,
@@ -67,9 +68,14 @@ from connect_wire.instance_states import (
 )
 from connect_wire.items import Item
 from connect_wire.messages import (
+    ConnectGroupCommitOffsetsRequest,
     ConnectGroupDescribeRequest,
+    ConnectGroupFetchOffsetsRequest,
     ConnectGroupPrepareAssignmentRequest,
+    ConnectGroupWriteTaskConfigsRequest,
 )
+from connect_wire.messages import connect_group_commit_offsets_request_v0 as _commit
+from connect_wire.messages import connect_group_write_task_configs_request_v0 as _write
 from worker_client import logs
 from worker_client.assignors import (
     Assignor,
@@ -81,6 +87,13 @@ from worker_client.assignors import (
 )
 from worker_client.client import ConnectionFailed, CoordinatorClient
 from worker_client.config_providers import ConfigProviders
+from worker_client.context import (
+    FENCED_CODES,
+    Context,
+    FencedError,
+    check_task_configs,
+    instance_config,
+)
 from worker_client.failstop import FAIL_STOP_EXIT, FailStopGuard, exit_process
 from worker_client.membership import (
     RETRY,
@@ -219,6 +232,13 @@ class _Instance:
     base: dict[str, str | None] | None = None
     """The connector's config as fetched for the last start (without the worker's additions):
     compared with a fresh fetch to find a config change (:class:`_Reconfigure`)."""
+    task_config: dict[str, str] | None = None
+    """The task's own config (written by its connector instance) it was last started with."""
+    context: Context | None = None
+    max_tasks: int = 0
+    """Connector instance with ``task_configs``: the configured task count it is called with."""
+    reconfigure: asyncio.Event | None = None
+    """Connector instance with ``task_configs``: set to have it called again (coalesced)."""
     stopping_crashed: bool = False
     """The supervisor is stopping an instance whose run() failed."""
     state: str = RUNNING
@@ -230,6 +250,29 @@ class _Instance:
 
     def report(self) -> tuple[str, str | None, str | None]:
         return (self.state, self.error, self.trace) if self.state != RUNNING else (RUNNING, None, None)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """A connector as Describe shows it: its config, configured task count, and the task
+    configs its connector instance wrote (None: none written)."""
+
+    config: dict[str, str | None]
+    task_count: int = 0
+    task_configs: tuple[dict[str, str], ...] | None = None
+
+    def task_config(self, task: int) -> dict[str, str] | None:
+        configs = self.task_configs
+        return configs[task] if configs is not None and 0 <= task < len(configs) else None
+
+
+def _defines_task_configs(config: dict[str, str | None]) -> bool:
+    """The connector's class defines ``task_configs`` (False when it cannot be loaded here:
+    starting the instance reports that)."""
+    try:
+        return callable(getattr(connector_class(config), "task_configs", None))
+    except PluginError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -364,6 +407,8 @@ class Worker:
         self._unreachable_since: float | None = None  # heartbeats failing without a lease
         self._unreachable_attempts = 0
         self._unreachable_warned: float | None = None
+        self._news: asyncio.Future[None] | None = None  # resolved after each heartbeat answer
+        self._waiting: set[Item] = set()  # tasks waiting for their task config (logged once)
         self.stopped = asyncio.Event()
         # Fail-stop: per-stop deadlines (token -> (deadline ms, why)), read by the guard thread.
         self._stop_deadlines: dict[int, tuple[int, str]] = {}
@@ -518,7 +563,9 @@ class Worker:
                     self.log.info("heartbeat error", error=error_name(resp.error_code),
                                   message=resp.error_message)
                 epoch = m.member_epoch
-                for action in m.on_response(resp, now_ms()):
+                actions = m.on_response(resp, now_ms())
+                self._notify_news()
+                for action in actions:
                     if isinstance(action, Revoke | Assign):
                         self._pending.append(action)  # in order, one at a time (above)
                     else:
@@ -661,6 +708,7 @@ class Worker:
                 # (when draining for shutdown: everything that runs, owned or still starting).
                 items = action.items & (m.owned | frozenset(self.instances)) if self._draining \
                     else action.items & m.owned
+                self._waiting -= action.items
                 if items:
                     self._rebalance_started = self._rebalance_started or time.monotonic()
                     await self._stop_items(items)
@@ -713,6 +761,7 @@ class Worker:
             pass  # nothing of this action is reported: the worker is as good as dead
         finally:
             self._observe()
+            self._notify_news()
             self._wake.set()
 
     def _observe(self) -> None:
@@ -751,21 +800,32 @@ class Worker:
         restart: set[Item] = set()
         pause: set[Item] = set()
         resume: set[Item] = set()
+        wants: dict[str, bool] = {}  # connector -> its class defines task_configs
         for item in m.owned & m.assigned:  # (owned, not assigned: a revocation is queued)
-            new = configs.get(item.connector)
-            if new is None or item in self._stopping:
+            spec = configs.get(item.connector)
+            if spec is None or item in self._stopping:
                 continue
+            new = spec.config
             running = verbs.target_state(new) == verbs.RUNNING
             inst = self.instances.get(item)
             if inst is None:
-                if running:
+                if running and not self._awaits_task_config(item, spec):
                     resume.add(item)
             elif inst.stopping:
                 continue
             elif not running:
                 pause.add(item)
-            elif inst.base is not None and verbs.identity(item, new) != verbs.identity(item, inst.base):
-                restart.add(item)
+            elif inst.base is not None:
+                own = None
+                if not item.is_connector:
+                    if item.connector not in wants:
+                        wants[item.connector] = _defines_task_configs(new)
+                    own = spec.task_config(item.task) if wants[item.connector] else None
+                if verbs.identity(item, new, own) != verbs.identity(item, inst.base, inst.task_config):
+                    restart.add(item)
+                elif inst.reconfigure is not None and inst.max_tasks != spec.task_count:
+                    inst.max_tasks = spec.task_count  # (the connector's task count changed)
+                    inst.reconfigure.set()
         if not (restart or pause or resume):
             return
         if pause:
@@ -787,17 +847,21 @@ class Worker:
         for item in sorted((restart | resume) & m.owned & m.assigned):
             await self._start(item, configs.get(item.connector))
 
-    async def _configs(self) -> dict[str, dict[str, str | None]]:
+    async def _configs(self) -> dict[str, _Spec]:
         resp = await self.client.send(ConnectGroupDescribeRequest(group_ids=(self.config.group_id,)))
         (g,) = resp.groups
         if g.error_code and g.error_code != ErrorCode.NO_ASSIGNOR_COVERS_GROUP:
             raise ConnectionFailed(f"describe failed: {error_name(g.error_code)}: {g.error_message}")
-        return {c.name: {e.name: e.value for e in c.config} for c in g.connectors}
+        return {c.name: _Spec(
+            {e.name: e.value for e in c.config}, c.task_count,
+            None if c.task_configs is None else tuple(
+                {e.name: e.value or "" for e in t.config} for t in c.task_configs))
+            for c in g.connectors}
 
     async def _start_items(self, items: frozenset[Item]) -> frozenset[Item]:
         """Start what can be started; the rest is retried by supervisors. Returns the items the
         worker now holds (all of them: a failed start is restarted, never dropped)."""
-        configs: dict[str, dict[str, str | None]] = {}
+        configs: dict[str, _Spec] = {}
         gen = self._lost_gen
         for attempt in range(3):
             try:
@@ -820,41 +884,60 @@ class Worker:
         await asyncio.gather(*(self._start(item, configs.get(item.connector)) for item in sorted(items)))
         return items
 
-    async def _start(self, item: Item, config: dict[str, str | None] | None) -> None:
+    def _awaits_task_config(self, item: Item, spec: _Spec) -> bool:
+        """A task of a connector whose class defines ``task_configs`` starts only once its own
+        task config is stored; until then it is held, not run (said once in the log), and
+        looked at again at the next epoch change (a write of task configs bumps the epoch)."""
+        if item.is_connector or spec.task_config(item.task) is not None \
+                or not _defines_task_configs(spec.config):
+            self._waiting.discard(item)
+            return False
+        if item not in self._waiting:
+            self._waiting.add(item)
+            self.log.info("not starting: waiting for the connector instance to write this task's "
+                          "config (task_configs)", item=str(item))
+        return True
+
+    async def _start(self, item: Item, spec: _Spec | None) -> None:
         if item in self.instances:
             return
-        if config is not None and (state := verbs.target_state(config)) != verbs.RUNNING:
+        if spec is not None and (state := verbs.target_state(spec.config)) != verbs.RUNNING:
             # Held, not run: started when the connector is resumed (_reconfigure).
             self.log.info("not starting: the connector's target state is " + state, item=str(item))
+            return
+        if spec is not None and self._awaits_task_config(item, spec):
             return
         inst = _Instance(item, None, {})
         self.instances[item] = inst
         self._guard.poke()  # the lease backstop now watches this instance too
-        inst.supervisor = asyncio.create_task(self._supervise(inst, config))
+        inst.supervisor = asyncio.create_task(self._supervise(inst, spec))
 
-    async def _supervise(self, inst: _Instance, base: dict[str, str | None] | None) -> None:
+    async def _supervise(self, inst: _Instance, spec: _Spec | None) -> None:
         """Start the instance and keep it running while assigned, restarting with backoff."""
         delay = 0.1
         while not inst.stopping:
             try:
-                if base is None:
-                    base = (await self._configs()).get(inst.item.connector)
-                    if base is None:
+                if spec is None:
+                    spec = (await self._configs()).get(inst.item.connector)
+                    if spec is None:
                         raise PluginError(f"connector {inst.item.connector} has no config (deleted?)")
-                if verbs.target_state(base) != verbs.RUNNING:
-                    # (re-read after a failure: paused meanwhile; _reconfigure stops this)
-                    base = None
+                base = spec.config
+                if verbs.target_state(base) != verbs.RUNNING or self._awaits_task_config(inst.item, spec):
+                    # (re-read after a failure: paused meanwhile, or its task config is gone;
+                    # _reconfigure stops this)
+                    spec = None
                     await asyncio.sleep(1.0)
                     continue
                 inst.base = base
+                own = None if inst.item.is_connector else spec.task_config(inst.item.task)
+                if own is not None and not _defines_task_configs(base):
+                    own = None  # (a class without task_configs: as before, stored ones aside)
+                inst.task_config = own
                 # The plugin never sees the verbs' reserved keys (connect_wire.verbs).
                 plugin_config = verbs.plugin_config(base)
                 if self.config.config_providers is not None:
                     plugin_config = self.config.config_providers.resolve(plugin_config)
-                config = {**plugin_config, "connector.name": inst.item.connector,
-                          "worker.id": self.worker_id}
-                if not inst.item.is_connector:
-                    config["task.id"] = str(inst.item.task)
+                config = instance_config(plugin_config, inst.item, self.worker_id, own)
                 if self.membership.lease_expired(now_ms()):
                     # (a restart whose config fetch outlived the lease: the watchdog stops it)
                     await asyncio.sleep(0.05)
@@ -869,6 +952,7 @@ class Worker:
                 cls = connector_class(config) if inst.item.is_connector else task_class(config)
                 inst.plugin = cls()
                 inst.config = config
+                inst.context = self._give_context(inst)
                 inst.started = True
                 if inst.error is not None:
                     inst.state = RESTARTING
@@ -877,6 +961,12 @@ class Worker:
                 self.metrics.running.inc()
                 inst.counted = True
                 run = getattr(inst.plugin, "run", None)
+                if inst.item.is_connector and callable(getattr(inst.plugin, "task_configs", None)):
+                    inst.max_tasks = spec.task_count
+                    inst.reconfigure = asyncio.Event()
+                    await self._run_with_task_configs(
+                        inst, run, self._task_configs_job(inst, spec.task_configs))
+                    return
                 if run is None:
                     return
                 inst.run_task = asyncio.create_task(run())
@@ -919,11 +1009,51 @@ class Worker:
                         self._uncount(inst)
                 inst.plugin = None
                 inst.run_task = None
+                inst.reconfigure = None
                 if inst.stopping:
                     return
-                base = None  # re-read the config: it may have changed
+                spec = None  # re-read the config: it may have changed
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+    def _give_context(self, inst: _Instance) -> Context:
+        """Set ``inst.plugin.context`` before ``start``. A plugin that cannot take the attribute
+        (``__slots__`` without it, a read-only property) still runs: it is not told, and the
+        worker says so once in the log (debug)."""
+        context = Context(inst.item, self.worker_id, self)
+        try:
+            inst.plugin.context = context
+        except (AttributeError, TypeError) as exc:
+            self.log.debug("the plugin object cannot take a context attribute; started without",
+                           item=str(inst.item), error=repr(exc))
+        return context
+
+    async def _run_with_task_configs(self, inst: _Instance, run: Any, job: Any) -> None:
+        """A connector instance's ``run()`` (if any) alongside its task-configs job: the first
+        failure of either (or ``run()`` returning) fails the instance; the job ending quietly
+        (the connector no longer held) leaves ``run()`` alone. Cancelling this cancels both
+        and waits for them to end (as cancelling a plain ``run()`` does)."""
+        job_task = asyncio.ensure_future(job)
+        tasks: set[asyncio.Future[None]] = {job_task}
+        if run is not None:
+            inst.run_task = asyncio.create_task(run())
+            tasks.add(inst.run_task)
+        try:
+            while tasks:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                if inst.run_task is not None and inst.run_task in done:
+                    inst.run_task.result()
+                    raise RuntimeError("run() returned")
+                job_task.result()  # (raises the job's failure)
+                tasks.discard(job_task)
+        finally:
+            pending = [t for t in tasks if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending)
+            if job_task.done() and not job_task.cancelled():
+                job_task.exception()  # (retrieved: a run() failure is the one reported)
 
     def _uncount(self, inst: _Instance) -> None:
         if inst.counted:
@@ -993,6 +1123,8 @@ class Worker:
         if not task.done():
             task.cancel()
             self._overrun(inst, "its stop() did not return")
+        if inst.context is not None:
+            inst.context._close()
         exc = task.exception()
         if exc is not None:
             self.log.error("stop() raised; the instance counts as stopped", item=str(inst.item),
@@ -1074,6 +1206,176 @@ class Worker:
         await self._stop_items(items, hard=lost)
         if items:
             self.membership.revoked(items, now_ms())
+
+    # -- what a plugin's context asks (worker_client.context) -----------------------------------
+    @property
+    def member_epoch(self) -> int:
+        return self.membership.member_epoch
+
+    def fencing_token(self, item: Item) -> int | None:
+        return self.membership.tokens.get(item)
+
+    @property
+    def write_retry_s(self) -> float:
+        """How long a commit, a fetch or a task-config write keeps retrying what may pass
+        (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS, a lost
+        connection, a STALE_MEMBER_EPOCH waiting for the heartbeat's newer epoch): the request
+        timeout (30 s by default). A fenced write ends sooner: the session lease (10 s) runs out
+        first and the worker fences itself (:class:`FencedError`)."""
+        return self.config.request_timeout_ms / 1000
+
+    def _notify_news(self) -> None:
+        """Wake the writes waiting for a newer member epoch (a heartbeat answer, a Lost)."""
+        news, self._news = self._news, None
+        if news is not None and not news.done():
+            news.set_result(None)
+
+    async def _wait_news(self, timeout_s: float) -> None:
+        if self._news is None:
+            self._news = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._news), max(0.0, timeout_s))
+
+    async def _fenced_send(self, item: Item, build: Callable[[str, int], Any], what: str) -> Any:
+        """Send a write fenced by this member's id and epoch for ``item`` (``build(member_id,
+        epoch)`` makes the request). A STALE_MEMBER_EPOCH (the coordinator moved this member's
+        epoch and the answer telling it is on its way) is sent again once a heartbeat brought a
+        newer epoch, if the item is still held; errors that may pass and lost connections are
+        retried with the client's backoff, all within :attr:`write_retry_s`. Raises
+        :class:`FencedError` when the member does not hold the item at a current epoch,
+        :class:`ProtocolError` for another error or one that did not pass, ConnectionFailed for
+        a coordinator not reached in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.write_retry_s
+        m = self.membership
+        last: Exception | None = None
+        attempts = 0
+        while True:
+            refusal = m.write_refusal(item)
+            if refusal is not None:
+                raise FencedError(*refusal)
+            epoch = m.member_epoch
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            attempts += 1
+            try:
+                resp = await self.client.send(build(m.member_id, epoch), timeout_s=left)
+            except ConnectionFailed as exc:
+                last = exc
+                await asyncio.sleep(min(self.client.backoff_s(), max(0.0, deadline - loop.time())))
+                continue
+            code = resp.error_code
+            if code == 0:
+                return resp
+            message = f"{what} for {item}: {resp.error_message or error_name(code)}"
+            if code == ErrorCode.STALE_MEMBER_EPOCH:
+                while m.member_epoch == epoch and m.write_refusal(item) is None \
+                        and loop.time() < deadline:
+                    await self._wait_news(deadline - loop.time())
+                if m.member_epoch > epoch and m.write_refusal(item) is None:
+                    continue  # the newer epoch came and the item is still ours: again
+                raise FencedError(code, message)
+            if code in FENCED_CODES:
+                raise FencedError(code, message)
+            if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.REQUEST_TIMED_OUT):
+                last = ProtocolError(code, message)
+                await asyncio.sleep(min(self.client.backoff_s(), max(0.0, deadline - loop.time())))
+                continue
+            raise ProtocolError(code, message)
+        why = f"{what} for {item} gave up after {attempts} attempt(s) in {self.write_retry_s:.1f} s"
+        if isinstance(last, ProtocolError):
+            raise ProtocolError(last.code, f"{why}: {last.message}")
+        raise ConnectionFailed(f"{why}: {last}")
+
+    async def commit_offsets(self, item: Item, offsets: list[tuple[str, str | None]]) -> None:
+        """Commit canonical JSON (partition, offset) pairs for ``item`` (Context.commit_offsets)."""
+        entries = tuple(_commit.PartitionOffset(partition=p, offset=o) for p, o in offsets)
+        await self._fenced_send(item, lambda member_id, epoch: ConnectGroupCommitOffsetsRequest(
+            group_id=self.config.group_id, member_id=member_id, member_epoch=epoch,
+            connector=item.connector, task=item.task, offsets=entries), "commit_offsets")
+
+    async def fetch_offset(self, connector: str, partition: str) -> str | None:
+        """The committed offset (canonical JSON) of ``partition``, or None (Context.offset).
+        Not fenced; retried as :meth:`_fenced_send` retries."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.write_retry_s
+        request = ConnectGroupFetchOffsetsRequest(group_id=self.config.group_id, connector=connector,
+                                                  partitions=(partition,))
+        last: Exception | None = None
+        while (left := deadline - loop.time()) > 0:
+            try:
+                resp = await self.client.send(request, timeout_s=left)
+            except ConnectionFailed as exc:
+                last = exc
+            else:
+                code = resp.error_code
+                if code == 0:
+                    return next((o.offset for o in resp.offsets if o.partition == partition), None)
+                last = ProtocolError(code, f"offset() of connector {connector}: "
+                                           f"{resp.error_message or error_name(code)}")
+                if code not in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.REQUEST_TIMED_OUT):
+                    raise last
+            await asyncio.sleep(min(self.client.backoff_s(), max(0.0, deadline - loop.time())))
+        if isinstance(last, ProtocolError):
+            raise ProtocolError(last.code, f"gave up after {self.write_retry_s:.1f} s: {last.message}")
+        raise ConnectionFailed(f"offset() of connector {connector} gave up after "
+                               f"{self.write_retry_s:.1f} s: {last}")
+
+    def request_task_reconfiguration(self, item: Item) -> None:
+        """Have the connector instance's ``task_configs`` called again (from any thread)."""
+        loop = self._loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is not None and here is not loop:
+            loop.call_soon_threadsafe(self._reconfigure_tasks, item)
+        else:
+            self._reconfigure_tasks(item)
+
+    def _reconfigure_tasks(self, item: Item) -> None:
+        inst = self.instances.get(item)
+        if inst is not None and inst.reconfigure is not None and not inst.stopping:
+            inst.reconfigure.set()
+
+    async def _task_configs_job(self, inst: _Instance, stored: tuple[dict[str, str], ...] | None) -> None:
+        """A connector instance's task configs: call its ``task_configs(max_tasks)`` (after
+        ``start``, and again on each request), check the answer, and write it through the
+        coordinator when it differs from what is stored. Raises (the connector instance FAILED)
+        for an answer that is not task configs; returns (giving up quietly) when this worker no
+        longer holds the connector."""
+        assert inst.reconfigure is not None
+        cls = type(inst.plugin)
+        where = f"{cls.__module__}.{cls.__qualname__}.task_configs"
+        last = None if stored is None else list(stored)
+        while True:
+            inst.reconfigure.clear()  # (requests from now on get one more call)
+            max_tasks = inst.max_tasks
+            result = inst.plugin.task_configs(max_tasks)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, self.stop_deadline_s * 2)
+            configs = check_task_configs(result, max_tasks, where)
+            if configs != last:
+                request = ConnectGroupWriteTaskConfigsRequest(
+                    group_id=self.config.group_id, member_id="", member_epoch=0,
+                    connector=inst.item.connector, task_configs=tuple(
+                        _write.TaskConfig(config=tuple(_write.ConfigEntry(name=k, value=v)
+                                                       for k, v in sorted(c.items())))
+                        for c in configs))
+                try:
+                    resp = await self._fenced_send(
+                        inst.item, functools.partial(_fenced_request, request), "task configs")
+                except FencedError as exc:
+                    self.log.info("task configs not written: this worker no longer holds the "
+                                  "connector", connector=inst.item.connector, error=str(exc))
+                    return
+                self.log.info("task configs written", connector=inst.item.connector,
+                              tasks=len(configs), changed=resp.changed, group_epoch=resp.group_epoch)
+                last = configs
+            await inst.reconfigure.wait()
 
     # -- computing the assignment ---------------------------------------------------------------
     async def _compute_assignment(self) -> None:
@@ -1207,6 +1509,10 @@ async def _call(hook: Any, items: frozenset[Item]) -> None:
             await result
     except Exception as exc:  # a listener bug must not break the protocol
         log.error("rebalance listener failed", hook=getattr(hook, "__name__", "?"), error=repr(exc))
+
+
+def _fenced_request(request: Any, member_id: str, epoch: int) -> Any:
+    return dataclasses.replace(request, member_id=member_id, member_epoch=epoch)
 
 
 def _address(host: str, port: int) -> str:

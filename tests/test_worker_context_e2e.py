@@ -1,0 +1,202 @@
+"""What a plugin gets from its worker, against a real coordinator daemon: its ``context``, the
+connector's task configs (``task_configs``, ``request_task_reconfiguration``) and offsets
+(``commit_offsets``, ``offset``, ``FencedError``). Workers run in-process
+(``worker_client.worker.Worker``, as tests/test_worker.py) or as ``connect-worker`` processes
+(for ``kill -9``); the plugins are tests/context_plugins.py, whose records (JSON lines) are what
+the tests look at."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connect_wire.errors import ErrorCode as E
+from connect_wire.messages import ConnectGroupFetchOffsetsRequest
+from coordinator.admin import AdminClient
+from tests.daemon_fixture import ROOT, SHORT_TIMEOUTS, Daemon, DaemonPool, daemon_env
+from tests.tcp_proxy import TcpProxy
+from tests.test_worker import GROUP, Env, until
+
+SESSION_MS = int(SHORT_TIMEOUTS["CONNECT_COORDINATOR_GROUP_CONNECT_SESSION_TIMEOUT_MS"])
+P = "tests.context_plugins"
+
+
+def events(env: Env, event: str | None = None, item: str | None = None) -> list[dict[str, Any]]:
+    out = []
+    for line in env.records.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            e = json.loads(line)
+            if (event is None or e["event"] == event) and (item is None or e["item"] == item):
+                out.append(e)
+    return out
+
+
+def assigned(env: Env) -> set[str]:
+    g = env.describe()
+    return {f"{t.connector}/{t.task}" for m in g.members for t in m.assignment.tasks} | {
+        c for m in g.members for c in m.assignment.connectors}
+
+
+def offsets(daemon: Daemon, connector: str) -> dict[str, Any]:
+    with AdminClient(daemon.host, daemon.port, timeout_s=5) as c:
+        resp = c.call(ConnectGroupFetchOffsetsRequest(group_id=GROUP, connector=connector, partitions=None))
+    assert resp.error_code == 0, resp
+    return {o.partition: None if o.offset is None else json.loads(o.offset) for o in resp.offsets}
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with DaemonPool(tmp_path) as pool:
+        yield pool.start()
+
+
+@pytest.fixture
+async def env(daemon: Daemon, tmp_path: Path) -> AsyncIterator[Env]:
+    e = Env(daemon, tmp_path)
+    try:
+        yield e
+    finally:
+        await e.stop_all()
+    assert not e.unexpected_fail_stops, e.unexpected_fail_stops
+
+
+# == the context ===================================================================================
+
+
+async def test_start_gets_a_context_and_a_slotted_plugin_runs_without_one(env: Env) -> None:
+    env.alter({"ctx": (1, {"connector.class": f"{P}:ContextConnector"}),
+               "slots": (1, {"connector.class": f"{P}:SlottedConnector"})})
+    w = env.start("a")
+    await until(lambda: len(events(env, "start")) == 4, "the four instances started")
+    started = {e["item"]: e for e in events(env, "start")}
+    assert set(started) == {"ctx", "ctx/0", "slots", "slots/0"}
+    for item, task_id in (("ctx", None), ("ctx/0", 0)):
+        ctx = started[item]["context"]
+        assert (ctx["connector"], ctx["task_id"], ctx["worker_id"]) == ("ctx", task_id, w.worker_id)
+        assert 0 < ctx["member_epoch"] <= w.membership.member_epoch
+    assert started["slots/0"]["context"] == "absent" and started["slots/0"]["config"]["task.id"] == "0"
+    inst = next(i for item, i in w.instances.items() if str(item) == "ctx/0")
+    assert inst.plugin.context.member_epoch == w.membership.member_epoch, "live"
+    assert inst.plugin.context.fencing_token == w.membership.tokens.get(inst.item)
+    assert all(i.state == "RUNNING" for i in w.instances.values())
+
+
+# == task configs ==================================================================================
+
+
+async def test_task_configs_decide_how_many_tasks_run_and_their_configs(env: Env, tmp_path: Path) -> None:
+    source = tmp_path / "source.json"
+    source.write_text(json.dumps([{"shard": "a"}, {"shard": "b", "topic": "own"}]))
+    env.alter({"split": (3, {"connector.class": f"{P}:SplitConnector", "source.file": str(source),
+                             "topic": "shared"})})
+    env.start("a")
+    env.start("b")
+    await until(lambda: {e["item"] for e in events(env, "start")} >= {"split", "split/0", "split/1"},
+                "the connector and the two tasks it configured started", timeout_s=30)
+    await until(lambda: assigned(env) == {"split", "split/0", "split/1"},
+                "the coordinator runs the two tasks written", timeout_s=30)
+    (call, *_) = events(env, "task_configs")
+    assert call["max_tasks"] == 3
+    configs = {e["item"]: e["config"] for e in events(env, "start")}
+    assert configs["split/0"]["shard"] == "a" and configs["split/0"]["topic"] == "shared"
+    assert configs["split/1"]["shard"] == "b" and configs["split/1"]["topic"] == "own"
+    assert configs["split/1"]["task.id"] == "1" and configs["split/1"]["connector.name"] == "split"
+    assert not events(env, "start", "split/2"), "task 2 has no config: it never starts"
+    g = env.describe()
+    (spec,) = g.connectors
+    assert spec.task_count == 3 and [dict((c.name, c.value) for c in t.config) for t in spec.task_configs] \
+        == [{"shard": "a"}, {"shard": "b", "topic": "own"}]
+
+    # The source changes task 1 only: the connector asks for a reconfiguration, and only task 1
+    # restarts, with its new config.
+    source.write_text(json.dumps([{"shard": "a"}, {"shard": "B2"}]))
+    await until(lambda: any(e["config"]["shard"] == "B2" for e in events(env, "start", "split/1")),
+                "task 1 restarted with its new config", timeout_s=30)
+    await asyncio.sleep(1.0)  # (time for a wrong restart of the others to show)
+    assert len(events(env, "start", "split/0")) == 1 and not events(env, "stop", "split/0")
+    assert len(events(env, "start", "split")) == 1 and not events(env, "stop", "split")
+    assert len(events(env, "start", "split/1")) == 2 and len(events(env, "stop", "split/1")) == 1
+    assert "topic" not in [e for e in events(env, "start", "split/1")][-1]["config"] or \
+        events(env, "start", "split/1")[-1]["config"]["topic"] == "shared"
+
+
+# == offsets =======================================================================================
+
+
+def spawn_worker(daemon: Daemon, name: str, base: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", daemon.bootstrap,
+           "--group", GROUP, "--instance-id", name, "--session-timeout-ms", str(SESSION_MS),
+           "--max-delay-ms", "0", "--rebalance-timeout-ms", "2000"]
+    with open(base / f"worker-{name}.log", "ab") as log:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                env=daemon_env(), cwd=ROOT)
+
+
+async def test_commit_then_kill_9_the_new_owner_resumes_from_the_last_commit(
+        env: Env, daemon: Daemon, tmp_path: Path) -> None:
+    env.alter({"off": (1, {"connector.class": f"{P}:OffsetConnector", "commit.ms": "20"})})
+    a = spawn_worker(daemon, "a", tmp_path)
+    b: subprocess.Popen[bytes] | None = None
+    try:
+        await until(lambda: len(events(env, "committed", "off/0")) >= 20, "a committed 20 times",
+                    timeout_s=30)
+        a.kill()
+        a.wait(10)
+        committed = max(e["n"] for e in events(env, "committed", "off/0"))
+        committing = max(e["n"] for e in events(env, "committing", "off/0"))
+        b = spawn_worker(daemon, "b", tmp_path)
+        await until(lambda: any(e["worker"] == "b" for e in events(env, "resume", "off/0")),
+                    "b's task resumed", timeout_s=30)
+        (first, resumed) = events(env, "resume", "off/0")
+        assert first["offset"] is None and first["worker"] == "a"
+        # What a had committed (answered) is there; at most the one in flight at the kill more.
+        assert resumed["offset"] is not None, resumed
+        assert committed <= resumed["offset"]["n"] <= committing, (committed, committing, resumed)
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(10)
+
+
+async def test_a_worker_whose_item_moved_away_gets_fenced_error(env: Env, daemon: Daemon) -> None:
+    """a reaches the coordinator through a proxy that the test cuts: the coordinator expires a
+    (2 s session) and gives its task to b, while a (told a 60 s session, as a process frozen
+    that long would be) still believes it holds it. When the link heals, a's commit is refused
+    (FencedError) and only b's commits are stored."""
+    env.alter({"off": (1, {"connector.class": f"{P}:OffsetConnector", "commit.ms": "50"})})
+    proxy = TcpProxy(daemon.host, daemon.port)
+    try:
+        a = env.start("a", bootstrap=[("127.0.0.1", proxy.port)], session_timeout_ms=60_000,
+                      request_timeout_ms=30_000)
+        await until(lambda: len(events(env, "committed", "off/0")) >= 3, "a commits")
+        proxy.cut()
+        cut_at = time.time()
+        b = env.start("b")
+        await until(lambda: any(e["worker"] == b.worker_id and e["ts"] > cut_at
+                                for e in events(env, "committed", "off/0")),
+                    "b runs the task and commits", timeout_s=30)
+        proxy.heal()
+        await until(lambda: events(env, "fenced", "off/0"), "a's commit refused", timeout_s=30)
+        (fenced,) = events(env, "fenced", "off/0")
+        assert fenced["worker"] == a.worker_id
+        assert fenced["code"] in (E.UNKNOWN_MEMBER_ID, E.FENCED_MEMBER_EPOCH, E.ITEM_NOT_OWNED,
+                                  E.STALE_MEMBER_EPOCH), fenced
+        # a's commit that was waiting at the cut was never stored: the stored offset is b's.
+        a_committed = [e["n"] for e in events(env, "committed", "off/0") if e["worker"] == a.worker_id]
+        assert max(a_committed) < fenced["n"]
+        await asyncio.sleep(0.5)
+        stored = offsets(daemon, "off")
+        b_committed = [e["n"] for e in events(env, "committed", "off/0") if e["worker"] == b.worker_id]
+        (value,) = stored.values()
+        assert value["n"] >= max(b_committed), (stored, b_committed)
+    finally:
+        proxy.close()
