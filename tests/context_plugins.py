@@ -9,7 +9,8 @@ the file).
 * :class:`OffsetConnector` — its tasks (:class:`OffsetTask`) read their offset at start
   (``resume``), then commit ``{"n": n}`` for the partition ``{"connector": NAME, "task": N}``
   every ``commit.ms``, recording ``committing`` before and ``committed`` after each commit, and
-  ``fenced`` (with the code) when the commit raises FencedError, after which they commit no more.
+  ``fenced`` (with the code) when the commit raises FencedError, after which they commit no more;
+  with ``commit.on.stop=true`` their ``stop()`` commits ``{"n": n, "final": true}``.
 * :class:`ContextConnector` — it and its tasks (:class:`ContextTask`) record their context.
 * :class:`SlottedConnector`, :class:`SlottedTask` — ``__slots__`` without ``context``: run as
   before, unaware of it.
@@ -116,6 +117,12 @@ class OffsetTask:
             await asyncio.sleep(self.every)
 
     async def stop(self) -> None:
+        if self.config.get("commit.on.stop") == "true":
+            try:  # the last position, while the item is still this worker's (being revoked)
+                await self.context.commit_offsets([(self.partition, {"n": self.n, "final": True})])
+                record(self.config, "stop-commit", n=self.n)
+            except Exception as exc:  # noqa: BLE001 - recorded for the test to see
+                record(self.config, "stop-commit", n=self.n, error=repr(exc))
         record(self.config, "stop")
 
 

@@ -167,6 +167,18 @@ async def test_commit_then_kill_9_the_new_owner_resumes_from_the_last_commit(
                 p.wait(10)
 
 
+async def test_stop_commits_its_last_position_before_the_item_is_released(env: Env, daemon: Daemon) -> None:
+    env.alter({"off": (1, {"connector.class": f"{P}:OffsetConnector", "commit.ms": "100000",
+                           "commit.on.stop": "true"})})
+    a = env.start("a")
+    await until(lambda: events(env, "committed", "off/0"), "a committed once")
+    await a.stop()  # revokes everything, reports it released only after each stop() returned
+    (done,) = events(env, "stop-commit", "off/0")
+    assert "error" not in done, done
+    (value,) = offsets(daemon, "off").values()
+    assert value == {"n": 1, "final": True}
+
+
 async def test_a_worker_whose_item_moved_away_gets_fenced_error(env: Env, daemon: Daemon) -> None:
     """a reaches the coordinator through a proxy that the test cuts: the coordinator expires a
     (2 s session) and gives its task to b, while a (told a 60 s session, as a process frozen

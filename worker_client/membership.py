@@ -28,6 +28,11 @@ error, a timeout or a reconnect the next request carries everything again, since
 one may or may not have been applied. Leaving: -1 after stopping all work, -2 for a static
 member's planned restart (its work stays held for it until its session expires).
 
+Fencing: each item's fencing token (``Assignment.FencingTokens``) is kept in ``tokens`` while
+the member holds the item (assigned, or owned until reported released);
+:meth:`Membership.write_refusal` says whether a write fenced by the member epoch (offsets,
+task configs) may be sent for an item now.
+
 No I/O, no clock: times are passed in (``now_ms``).
 """
 

@@ -10,10 +10,14 @@ A plugin class is instantiated once per connector or task instance and offers::
     async def stop(self) -> None                                   # required
     async def run(self) -> None                                    # optional: the work itself
 
-``start`` gets the connector's config plus ``connector.name``, ``task.id`` (tasks only) and
-``worker.id``. If ``run`` exists the worker runs it as a task; when it raises, the instance is
-reported as failed and restarted with backoff (stop, then start again) while it stays assigned;
-a ``run`` that returns counts as a failure too.
+``start`` gets the connector's config (for a task of a connector whose class defines
+``task_configs(max_tasks)``, overlaid with that task's own config) plus ``connector.name``,
+``task.id`` (tasks only) and ``worker.id``; before it, the worker sets the object's ``context``
+(:mod:`worker_client.context`: member epoch, fencing token, offsets, task reconfiguration).
+
+If ``run`` exists the worker runs it as a task; when it raises, the instance is reported as
+failed and restarted with backoff (stop, then start again) while it stays assigned; a ``run``
+that returns counts as a failure too.
 
 A connector class may define ``validate(config)`` (classmethod or staticmethod, plain or async)
 returning ``{key: [messages]}``: the worker runs it before starting any of the connector's
