@@ -12,16 +12,14 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import ConnectGroupFetchOffsetsRequest
 from coordinator.admin import AdminClient
-from tests.daemon_fixture import ROOT, SHORT_TIMEOUTS, Daemon, DaemonPool, daemon_env
+from tests import test_worker
+from tests.daemon_fixture import ROOT, SHORT_TIMEOUTS, Daemon, daemon_env
 from tests.tcp_proxy import TcpProxy
 from tests.test_worker import GROUP, Env, until
 
@@ -52,20 +50,9 @@ def offsets(daemon: Daemon, connector: str) -> dict[str, Any]:
     return {o.partition: None if o.offset is None else json.loads(o.offset) for o in resp.offsets}
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    with DaemonPool(tmp_path) as pool:
-        yield pool.start()
-
-
-@pytest.fixture
-async def env(daemon: Daemon, tmp_path: Path) -> AsyncIterator[Env]:
-    e = Env(daemon, tmp_path)
-    try:
-        yield e
-    finally:
-        await e.stop_all()
-    assert not e.unexpected_fail_stops, e.unexpected_fail_stops
+# The daemon (a real process, 2 s session) and the in-process workers' Env of tests/test_worker.py.
+daemon = test_worker.daemon
+env = test_worker.env
 
 
 # == the context ===================================================================================
