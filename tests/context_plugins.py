@@ -7,10 +7,11 @@ the file).
   ``context.request_task_reconfiguration()`` when it changes. Its tasks (:class:`SplitTask`)
   record the config they started with.
 * :class:`OffsetConnector` — its tasks (:class:`OffsetTask`) read their offset at start
-  (``resume``), then commit ``{"n": n}`` for the partition ``{"connector": NAME, "task": N}``
+  (``resume``), then commit ``{"n": n, "by": worker id}`` for the partition ``{"connector": NAME, "task": N}``
   every ``commit.ms``, recording ``committing`` before and ``committed`` after each commit, and
   ``fenced`` (with the code) when the commit raises FencedError, after which they commit no more;
-  with ``commit.on.stop=true`` their ``stop()`` commits ``{"n": n, "final": true}``.
+  with ``commit.on.stop=true`` their ``stop()`` commits ``{..., "final": true}`` (recorded as
+  ``stop-commit``, with the error if it raised).
 * :class:`ContextConnector` — it and its tasks (:class:`ContextTask`) record their context.
 * :class:`SlottedConnector`, :class:`SlottedTask` — ``__slots__`` without ``context``: run as
   before, unaware of it.
@@ -97,6 +98,7 @@ class OffsetTask:
         self.config = config
         self.partition = {"connector": config["connector.name"], "task": int(config["task.id"])}
         self.every = int(config.get("commit.ms") or 50) / 1000
+        self.by = config["worker.id"]
         offset = await self.context.offset(self.partition)
         self.n = 0 if offset is None else int(offset["n"])
         record(config, "resume", offset=offset, **context_fields(self))
@@ -106,9 +108,9 @@ class OffsetTask:
             self.n += 1
             record(self.config, "committing", n=self.n, epoch=self.context.member_epoch)
             try:
-                await self.context.commit_offsets([(self.partition, {"n": self.n})])
+                await self.context.commit_offsets([(self.partition, {"n": self.n, "by": self.by})])
             except FencedError as exc:
-                record(self.config, "fenced", n=self.n, code=exc.code, error=str(exc))
+                record(self.config, "fenced", n=self.n, code=exc.code, error=repr(exc))
                 await asyncio.Event().wait()  # commits no more; the worker stops it
             except ConnectionFailed as exc:
                 record(self.config, "unreachable", n=self.n, error=str(exc))
@@ -119,7 +121,8 @@ class OffsetTask:
     async def stop(self) -> None:
         if self.config.get("commit.on.stop") == "true":
             try:  # the last position, while the item is still this worker's (being revoked)
-                await self.context.commit_offsets([(self.partition, {"n": self.n, "final": True})])
+                await self.context.commit_offsets([(self.partition, {"n": self.n, "by": self.by,
+                                                                      "final": True})])
                 record(self.config, "stop-commit", n=self.n)
             except Exception as exc:  # noqa: BLE001 - recorded for the test to see
                 record(self.config, "stop-commit", n=self.n, error=repr(exc))

@@ -188,6 +188,7 @@ def test_context_checks_before_sending_and_is_closed_after_stop() -> None:
         with pytest.raises(FencedError) as info:
             await task.commit_offsets([({"f": 1}, {"pos": 4})])
         assert info.value.code == E.ITEM_NOT_OWNED and info.value.name == "ITEM_NOT_OWNED"
+        assert repr(info.value).startswith("FencedError(ITEM_NOT_OWNED, 'the instance c/0 was stopped")
 
     asyncio.run(go())
     assert runtime.sent == [("commit", T0, [('{"f":1}', '{"pos":3}')]), ("fetch", "c", '{"f":1}'),

@@ -13,3 +13,6 @@ class FencedError(ProtocolError):
     STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH or ITEM_NOT_OWNED), so the item
     may be running elsewhere. Nothing was stored. The instance should stop writing; the worker
     stops it."""
+
+    def __repr__(self) -> str:
+        return f"FencedError({self.name}, {self.message!r})"
