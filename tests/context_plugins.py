@@ -6,6 +6,7 @@ the file).
   ``source.file`` (its first ``max_tasks``); its ``run()`` watches the file and calls
   ``context.request_task_reconfiguration()`` when it changes. Its tasks (:class:`SplitTask`)
   record the config they started with.
+* :class:`TooManyConnector` — answers ``max_tasks + 1`` task configs (a plain method).
 * :class:`OffsetConnector` — its tasks (:class:`OffsetTask`) read their offset at start
   (``resume``), then commit ``{"n": n, "by": worker id}`` for the partition ``{"connector": NAME, "task": N}``
   every ``commit.ms``, recording ``committing`` before and ``committed`` after each commit, and
@@ -91,6 +92,13 @@ class SplitConnector:
 
     async def stop(self) -> None:
         record(self.config, "stop")
+
+
+class TooManyConnector(SplitConnector):
+    """Answers one task config more than it may."""
+
+    def task_configs(self, max_tasks: int) -> list[dict[str, str]]:  # type: ignore[override]
+        return [{"shard": str(n)} for n in range(max_tasks + 1)]
 
 
 class OffsetTask:

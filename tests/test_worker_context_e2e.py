@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from connect_wire.items import Item
 from connect_wire.messages import ConnectGroupFetchOffsetsRequest
 from coordinator.admin import AdminClient
 from tests import test_worker
@@ -117,6 +118,25 @@ async def test_task_configs_decide_how_many_tasks_run_and_their_configs(env: Env
         events(env, "start", "split/1")[-1]["config"]["topic"] == "shared"
 
 
+async def test_a_connector_answering_too_many_task_configs_fails_and_no_task_starts(
+        env: Env, tmp_path: Path) -> None:
+    source = tmp_path / "source.json"
+    source.write_text("[]")
+    env.alter({"many": (2, {"connector.class": f"{P}:TooManyConnector", "source.file": str(source)})})
+    w = env.start("a")
+    conn = Item("many", -1)
+    await until(lambda: conn in w.instances and w.instances[conn].restarts >= 2,
+                "the connector instance failed twice")
+    inst = w.instances[conn]
+    assert inst.error is not None and ("returned 3 task configs; at most max_tasks=2 (the "
+                                       "connector's configured task count)") in inst.error, inst.error
+    assert "TooManyConnector.task_configs" in inst.error
+    assert {str(i) for i in w.instances} == {"many"}, "no task starts without its config"
+    assert not [e for e in events(env, "start") if e["item"] != "many"]
+    (spec,) = env.describe().connectors
+    assert spec.task_configs is None, "nothing written"
+
+
 # == offsets =======================================================================================
 
 
@@ -156,6 +176,36 @@ async def test_commit_then_kill_9_the_new_owner_resumes_from_the_last_commit(
             if p is not None and p.poll() is None:
                 p.terminate()
                 p.wait(10)
+
+
+async def test_epoch_bumps_elsewhere_never_fail_a_holders_commits(env: Env, daemon: Daemon) -> None:
+    """Commits every 5 ms while the group's epoch moves (connectors created and deleted) until
+    a commit met STALE_MEMBER_EPOCH (the coordinator bumped the member's epoch, the heartbeat
+    answer saying so still on its way): it is sent again with the newer epoch, never raised to
+    the task."""
+    env.alter({"off": (1, {"connector.class": f"{P}:OffsetConnector", "commit.ms": "5"})})
+    a = env.start("a")
+    await until(lambda: events(env, "committed", "off/0"), "a commits")
+    first_epoch = a.membership.member_epoch
+
+    def resends() -> float:
+        return a.metrics.registry.get_sample_value("connect_worker_stale_epoch_resends_total") or 0.0
+
+    bumps = 0
+    while resends() < 3 and bumps < 60:
+        env.alter({f"x{bumps}": (0, {"connector.class": f"{P}:ContextConnector"})})
+        await asyncio.sleep(0.1)
+        env.alter(deletes=(f"x{bumps}",))
+        await asyncio.sleep(0.1)
+        bumps += 1
+    before = len(events(env, "committed", "off/0"))
+    await until(lambda: len(events(env, "committed", "off/0")) > before + 5, "a still commits")
+    commits = a.metrics.registry.get_sample_value("connect_worker_offset_commits_total")
+    print(f"measured: {bumps} x 2 epoch bumps, {commits} commits, {resends()} sent again after "
+          "STALE_MEMBER_EPOCH")
+    assert a.membership.member_epoch >= first_epoch + bumps
+    assert resends() >= 3, "the group's epoch moved under the commits"
+    assert not events(env, "fenced"), events(env, "fenced")
 
 
 async def test_stop_commits_its_last_position_before_the_item_is_released(env: Env, daemon: Daemon) -> None:

@@ -29,6 +29,14 @@ class WorkerMetrics:
         self.failures = Counter(f"{NS}_instance_failures", "Plugin instances that failed or "
                                 "did not stop in time", registry=r)
         self.lost = Counter(f"{NS}_lost", "Times the worker lost all its work (fenced)", registry=r)
+        self.commits = Counter(f"{NS}_offset_commits", "Offset commits the coordinator stored",
+                               registry=r)
+        self.stale_resends = Counter(
+            f"{NS}_stale_epoch_resends", "Writes fenced by the member epoch (offsets, task "
+            "configs) sent again after STALE_MEMBER_EPOCH, once a heartbeat brought the newer epoch",
+            registry=r)
+        self.fenced_writes = Counter(f"{NS}_fenced_writes", "Writes fenced by the member epoch "
+                                     "refused (FencedError)", registry=r)
 
     def observe(self, state: str, epoch: int, owned: frozenset[Item]) -> None:
         for name, child in self._state.items():

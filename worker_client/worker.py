@@ -1245,8 +1245,16 @@ class Worker:
         :class:`FencedError` when the member does not hold the item at a current epoch,
         :class:`ProtocolError` for another error or one that did not pass, ConnectionFailed for
         a coordinator not reached in time."""
+        deadline = asyncio.get_running_loop().time() + self.write_retry_s
+        try:
+            return await self._fenced_attempts(item, build, what, deadline)
+        except FencedError:
+            self.metrics.fenced_writes.inc()
+            raise
+
+    async def _fenced_attempts(self, item: Item, build: Callable[[str, int], Any], what: str,
+                               deadline: float) -> Any:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.write_retry_s
         m = self.membership
         last: Exception | None = None
         attempts = 0
@@ -1274,6 +1282,7 @@ class Worker:
                         and loop.time() < deadline:
                     await self._wait_news(deadline - loop.time())
                 if m.member_epoch > epoch and m.write_refusal(item) is None:
+                    self.metrics.stale_resends.inc()
                     continue  # the newer epoch came and the item is still ours: again
                 raise FencedError(code, message)
             if code in FENCED_CODES:
@@ -1295,6 +1304,7 @@ class Worker:
         await self._fenced_send(item, lambda member_id, epoch: ConnectGroupCommitOffsetsRequest(
             group_id=self.config.group_id, member_id=member_id, member_epoch=epoch,
             connector=item.connector, task=item.task, offsets=entries), "commit_offsets")
+        self.metrics.commits.inc()
 
     async def fetch_offset(self, connector: str, partition: str) -> str | None:
         """The committed offset (canonical JSON) of ``partition``, or None (Context.offset).
