@@ -1907,12 +1907,12 @@ class GroupCoordinator:
         # A connector created gets its incarnation from the group's fencing token counter:
         # what belongs to an earlier connector of the same name (task configs, offsets) is
         # told apart by it.
-        for name, spec in updated.items():
+        for name, created in updated.items():
             if name not in current:
                 floor = self._incarnation_floor(g, name)
                 if floor > (g.token_counter or 0):
                     g.token_counter = floor - 1  # (the next token: above the leftovers')
-                updated[name] = replace(spec, incarnation=self._next_token(txn, g, now_ms))
+                updated[name] = replace(created, incarnation=self._next_token(txn, g, now_ms))
         # A change of connectors or task counts is a change of group metadata: bump the epoch.
         # A group without members has nothing to assign, so its epoch stays.
         bump = bool(g.members)
@@ -2167,8 +2167,9 @@ class GroupCoordinator:
     def _fetch_offsets(self, req: ConnectGroupFetchOffsetsRequest) -> ConnectGroupFetchOffsetsResponse:
         g, spec = self._offsets_target(req.group_id, req.connector)
         live = g.offsets.get(spec.name, {})
+        pairs: list[tuple[str, str | None]]
         if req.partitions is None:
-            pairs = sorted(live.items())
+            pairs = list(sorted(live.items()))
         else:
             pairs = []
             for i, text in enumerate(req.partitions):

@@ -487,15 +487,15 @@ def _move_offsets(g: Group, connectors: dict[str, ConnectorSpec]) -> None:
         return
     for name, spec in connectors.items():
         prev = old.get(name)
-        garbage = g.offset_garbage.get(name)
-        if garbage is None or (prev is not None and prev.incarnation == spec.incarnation):
+        leftover = g.offset_garbage.get(name)
+        if leftover is None or (prev is not None and prev.incarnation == spec.incarnation):
             continue
         incarnation = spec.incarnation
-        back = {p: o for p, (i, o) in garbage.items() if i == incarnation}
+        back = {p: o for p, (i, o) in leftover.items() if i == incarnation}
         if back:
             for partition in back:
-                del garbage[partition]
-            if not garbage:
+                del leftover[partition]
+            if not leftover:
                 del g.offset_garbage[name]
             g.offsets.setdefault(name, {}).update(back)
 
