@@ -157,6 +157,12 @@ class CounterRun:
                 out.setdefault(p, {})[seq] = (token, worker)
         return out
 
+    def fence_token(self, resource: str) -> int | None:
+        """The token the fencing helper recorded for ``resource`` (its default table)."""
+        with contextlib.closing(sqlite3.connect(self.db, timeout=30)) as conn:
+            row = conn.execute("SELECT token FROM connect_fencing WHERE resource = ?", (resource,)).fetchone()
+        return None if row is None else int(row[0])
+
     def offsets(self) -> dict[int, int]:
         """The coordinator's stored offsets, through the operator's CLI."""
         r = run_cli("connectors", "offsets", "get", "--bootstrap", self.bootstrap, "--group",
