@@ -17,8 +17,10 @@ partitions, writing a number per partition every 50 ms and committing after each
    coordinator's session (as a paused VM whose clock did not see the pause), so its fail-stop
    guard does not end it when it wakes: fencing is all that protects the sink. Its in-flight
    write lands after the new holder's and is refused by the token (the rows keep the new
-   holder's values), its commits raise ``FencedError``, the new holder's writes and commits go
-   on being accepted.
+   holder's values); its commits raise ``FencedError`` (UNKNOWN_MEMBER_ID: the member it
+   committed as is gone; the first heartbeat after waking tells the worker, which then
+   refuses them itself, so the coordinator's own refusal of a stale commit is not what this
+   exercises); the new holder's writes and commits go on being accepted.
 
 Every test ends with every worker stopped (SIGTERM: each ``stop()`` commits) and checks the
 sink against the stored offsets: rows 1..offset in every partition, none missing, tokens never
