@@ -167,6 +167,24 @@ def test_non_json_and_non_object_values_are_refused_nothing_stored() -> None:
     assert offsets(h) == {}
 
 
+def test_numbers_out_of_float_range_are_refused_not_stored_as_infinity() -> None:
+    """JSON's grammar allows 1e999, which parses to a float infinity: its canonical text would
+    be ``Infinity``, not JSON (and 1e400 and 1e999 would become the same partition)."""
+    h = Harness()
+    one_worker(h)
+    for pairs, message in [
+        ([(P(1), '{"x": 1e999}')], "Offsets[0].Offset"),
+        ([(P(1), '{"x": [-1e999]}')], "Offsets[0].Offset"),
+        ([('{"p": 1e400}', OFF(1))], "Offsets[0].Partition"),
+    ]:
+        r = commit(h, "W1", pairs=pairs)
+        assert r.error_code == E.INVALID_REQUEST and message in r.error_message, r
+        assert "out of range" in r.error_message and "Nothing was stored" in r.error_message, r
+    r = fetch(h, partitions=['{"p": 1e999}'])
+    assert r.error_code == E.INVALID_REQUEST and "out of range" in r.error_message, r
+    assert offsets(h) == {}
+
+
 def test_commit_byte_limit_and_partition_limit() -> None:
     h = Harness(GroupCoordinatorConfig(max_offset_commit_bytes=2048, max_offset_partitions=3))
     one_worker(h)

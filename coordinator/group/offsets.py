@@ -24,8 +24,8 @@ def _no_constant(name: str) -> Any:
 
 def canonical_object(text: str, what: str) -> tuple[str, int]:
     """``text`` (a JSON object) in canonical form, and its size in UTF-8 bytes; raises
-    :class:`OffsetError` naming ``what`` otherwise (not JSON, NaN/Infinity, not an object, a
-    lone surrogate that UTF-8 cannot carry, nested too deep)."""
+    :class:`OffsetError` naming ``what`` otherwise (not JSON, NaN/Infinity, a number beyond a
+    float's range, not an object, a lone surrogate that UTF-8 cannot carry, nested too deep)."""
     try:
         value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
@@ -36,13 +36,19 @@ def canonical_object(text: str, what: str) -> tuple[str, int]:
         raise OffsetError(
             f"{what} must be a JSON object, got {_kind(value)}: {_excerpt(text)}")
     try:
-        out = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        # (allow_nan=False: a number beyond a float's range, e.g. 1e999, parses to infinity,
+        # whose text would be ``Infinity``: not JSON)
+        out = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                         allow_nan=False)
         size = len(out.encode("utf-8"))
     except RecursionError:
         raise OffsetError(f"{what} is nested too deeply.") from None
     except UnicodeEncodeError:
         raise OffsetError(f"{what} holds a lone surrogate (\\ud800-\\udfff), which UTF-8 "
                           "cannot carry.") from None
+    except ValueError:
+        raise OffsetError(f"{what} holds a number out of range of a 64-bit float (such as "
+                          f"1e999): {_excerpt(text)}") from None
     return out, size
 
 
