@@ -52,6 +52,7 @@ from connect_wire.messages import connect_group_alter_connectors_request_v0 as _
 from connect_wire.messages import connect_group_alter_offsets_request_v0 as _alter_offsets
 from coordinator.admin import AdminError, AdminSession
 from coordinator.group.config import ConfigError
+from coordinator.group.offsets import OffsetError, canonical_object
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
@@ -452,8 +453,12 @@ def _offsets_file(path: str) -> list[tuple[str, str | None]]:
         text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path} is not UTF-8: {exc}") from None
     try:
         doc = json.loads(text)
+    except RecursionError:
+        raise CliError(f"{path} is nested too deeply to be read") from None
     except ValueError as exc:
         raise CliError(f"{path} is not JSON: {exc}") from None
     entries = doc.get("offsets") if isinstance(doc, dict) else None
@@ -471,13 +476,20 @@ def _offsets_file(path: str) -> list[tuple[str, str | None]]:
             raise CliError(f'{path}: offsets[{i}] must have an "offset": an object, or null to '
                            "remove the partition")
         offset = entry["offset"]
-        pairs.append((_canonical(entry["partition"]),
-                      None if offset is None else _canonical(offset)))
+        pairs.append((_canonical(entry["partition"], f"{path}: offsets[{i}].partition"),
+                      None if offset is None else _canonical(offset, f"{path}: offsets[{i}].offset")))
     return pairs
 
 
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def _canonical(obj: Any, what: str) -> str:
+    """``obj``'s canonical JSON, checked as the coordinator checks it (NaN, a number beyond a
+    float's range, a lone surrogate, too deep: a message naming ``what``)."""
+    try:
+        return canonical_object(json.dumps(obj), what)[0]
+    except RecursionError:
+        raise CliError(f"{what} is nested too deeply.") from None
+    except OffsetError as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_offsets(args: argparse.Namespace, out: Any) -> None:

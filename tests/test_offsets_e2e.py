@@ -233,3 +233,24 @@ def test_offsets_on_etcd_replay_after_a_restart_and_deletion_tombstones_them(
         time.sleep(0.2)
     assert r.error_code == 0 and r.offsets == ()
     admin.close()
+
+
+def test_a_malformed_alter_file_is_named_without_a_traceback(tmp_path: Path) -> None:
+    """The file is read before anything is sent: each malformed one gets a message naming the
+    file (exit 1), never a Python traceback. (No daemon: the bootstrap is never dialled.)"""
+    entry = '{"offsets":[{"partition":%s,"offset":%s}]}'
+    cases = {
+        "deep.json": ('{"offsets":' + "[" * 100_000 + "]" * 100_000 + "}").encode(),
+        "deep-partition.json": (entry % ('{"a":' + "[" * 100_000 + "]" * 100_000 + "}", "{}")).encode(),
+        "surrogate.json": (entry % ('{"a":"\\ud800"}', '{"x":1}')).encode(),
+        "infinity.json": (entry % ('{"a":1}', '{"x":1e999}')).encode(),
+        "nan.json": (entry % ('{"a":1}', '{"x":NaN}')).encode(),
+        "latin1.json": (entry % ('{"a":"\xff"}', '{"x":1}')).encode("latin-1"),
+    }
+    for name, data in cases.items():
+        f = tmp_path / name
+        f.write_bytes(data)
+        done = run_cli("connectors", "offsets", "alter", "--bootstrap", "127.0.0.1:1",
+                       "--group", "g", "A", "--file", str(f))
+        assert done.returncode == 1, (name, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr and str(f) in done.stderr, (name, done.stderr)
