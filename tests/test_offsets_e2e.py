@@ -17,8 +17,10 @@ from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import (
     ConnectGroupCommitOffsetsRequest,
     ConnectGroupFetchOffsetsRequest,
+    ConnectGroupWriteTaskConfigsRequest,
 )
 from connect_wire.messages import connect_group_commit_offsets_request_v0 as _com
+from connect_wire.messages import connect_group_write_task_configs_request_v0 as _wtc
 from tests.daemon_fixture import Daemon, DaemonPool, run_cli
 from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
 from tests.secure_server import Raw
@@ -254,3 +256,45 @@ def test_a_malformed_alter_file_is_named_without_a_traceback(tmp_path: Path) -> 
                        "--group", "g", "A", "--file", str(f))
         assert done.returncode == 1, (name, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr and str(f) in done.stderr, (name, done.stderr)
+
+
+def tokens(admin: Admin, member_id: str) -> dict[tuple[str, int], int]:
+    (m,) = [m for m in admin.describe().members if m.member_id == member_id]
+    return {(t.connector, t.task): t.token for t in m.fencing_tokens}
+
+
+def test_a_holder_of_a_deleted_connector_cannot_write_into_its_new_incarnation(
+        pool: DaemonPool, tmp_path: Path) -> None:
+    """A connector deleted and created again under the same name before its instances' holder
+    heartbeats: that member still holds the items it was granted for the old connector (the
+    item names are the same), at the same epoch. What its old instances commit (a task's
+    stop() commits its last position) or write as task configs must not land in the new
+    connector, which starts with no offsets: refused (ITEM_NOT_OWNED), nothing stored, until
+    the member is granted the items of the new incarnation (a higher fencing token)."""
+    d = pool.start(tmp_path / "data", extra_env=LONG_SESSIONS)
+    admin, w = running_worker(d, {"A": 1, "B": 1})
+    old = tokens(admin, w.member_id)
+    assert commit(w, [(part(1), off(1))], connector="B").error_code == 0
+    assert admin.alter(deletes=["B"]).error_code == 0
+    assert admin.alter({"A": 1, "B": 1}).error_code == 0
+    for task in (0, -1):
+        r = commit(w, [(part(2), off(2))], connector="B", task=task)
+        assert r.error_code == E.ITEM_NOT_OWNED, r
+    r = w.client.call(ConnectGroupWriteTaskConfigsRequest(
+        group_id="g", member_id=w.member_id, member_epoch=w.epoch, connector="B",
+        task_configs=(_wtc.TaskConfig(config=()),)))
+    assert r.error_code == E.ITEM_NOT_OWNED, r
+    assert fetched(admin, "B") == {}
+    spec = next(c for c in admin.describe().connectors if c.name == "B")
+    assert spec.task_configs is None and spec.offset_count == 0
+    # an assignment of the new connector computed before the holder's next heartbeat: it
+    # keeps the items, and as it reconciles they become new grants (higher tokens)
+    w.compute({"W1": ["A", "A/0", "B", "B/0"]})
+    w.ok()
+    assert sorted(w.running) == ["A", "A/0", "B", "B/0"], w.running
+    new = tokens(admin, w.member_id)
+    assert new[("B", 0)] > old[("B", 0)] and new[("A", 0)] == old[("A", 0)], (old, new)
+    assert commit(w, [(part(3), off(3))], connector="B").error_code == 0
+    assert fetched(admin, "B") == {part(3): off(3)}
+    admin.close()
+    w.close()

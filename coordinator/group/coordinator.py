@@ -807,8 +807,14 @@ class GroupCoordinator:
         old_assigned = old.assigned if old is not None else EMPTY
         tokens: dict[Item, int] = {}
         new: list[Item] = []
+        connectors = g.connectors
         for item in nxt.assigned:
             t = old_tokens.get(item) if item in old_assigned else None
+            # (kept since before its connector was deleted and created again: the item of
+            # the new connector is a new grant; tokens and incarnations share the counter)
+            if t is not None and (spec := connectors.get(item.connector)) is not None \
+                    and t < spec.incarnation:
+                t = None
             if t is None:
                 new.append(item)
             else:
@@ -1961,6 +1967,7 @@ class GroupCoordinator:
             raise _Reject(E.ITEM_NOT_OWNED,
                           f"Member {member_id} does not own {item} (at member epoch "
                           f"{cur.epoch}).")
+        _check_grant(cur, item, spec, member_id)
         return g, spec
 
     def _write_task_configs(
@@ -2161,6 +2168,7 @@ class GroupCoordinator:
                 f"Member {member_id} does not own {item} in group {gid} at epoch {epoch} "
                 "(not assigned to it, or already reported released): its offsets were not "
                 "stored.")
+        _check_grant(cur, item, spec, member_id)
         self._write_offsets(txn, g, spec, self._offset_changes(req.offsets))
         return ConnectGroupCommitOffsetsResponse()
 
@@ -2312,6 +2320,21 @@ class GroupCoordinator:
             members=tuple(members),
             holds=holds,
         )
+
+
+def _check_grant(cur: CurrentAssignment, item: Item, spec: ConnectorSpec, member_id: str) -> None:
+    """The owner's grant of ``item`` must be of the live connector: a token below the
+    connector's incarnation was given for an earlier connector of that name (deleted and
+    created again while the member held the item): what that grant's instance writes must
+    not land in the new connector. (Tokens and incarnations come from one counter.)"""
+    token = cur.tokens.get(item)
+    if token is not None and token < spec.incarnation:
+        raise _Reject(
+            E.ITEM_NOT_OWNED,
+            f"Member {member_id} holds {item} from a connector {spec.name!r} that was deleted "
+            f"and created again since (fencing token {token}, connector incarnation "
+            f"{spec.incarnation}); nothing was stored. Its items of the new connector get new "
+            "tokens once it reconciles to the current assignment.")
 
 
 def _task_configs_of(spec: ConnectorSpec, written: TaskConfigs | None) -> TaskConfigs | None:
