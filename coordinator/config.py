@@ -284,7 +284,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("request.max.response.bytes", int, 64 * 1024 * 1024,
             "Largest answer to one ConnectGroupDescribe or DescribeGroups: groups are described "
             "in order, each whole, and those after the answer passed this are answered "
-            "INVALID_REQUEST ('describe fewer groups at a time').", _positive),
+            "INVALID_REQUEST ('describe fewer groups at a time'). A ConnectGroupFetchOffsets "
+            "answer past it is refused whole (INVALID_REQUEST: 'fetch fewer partitions').",
+            _positive),
     Setting("socket.max.inflight.requests", int, 128,
             "Requests one connection may have in flight (received, not yet answered); past it "
             "the connection is not read, and requests it already sent wait, until half are "

@@ -298,3 +298,31 @@ def test_a_holder_of_a_deleted_connector_cannot_write_into_its_new_incarnation(
     assert fetched(admin, "B") == {part(3): off(3)}
     admin.close()
     w.close()
+
+
+def test_fetch_offsets_answer_is_bounded_by_the_response_limit(
+        pool: DaemonPool, tmp_path: Path) -> None:
+    """A connector may hold more offsets than one answer should carry (100,000 partitions of
+    up to a commit's 1 MiB each): FetchOffsets stops at request.max.response.bytes, as
+    ConnectGroupDescribe does, with a message saying to fetch fewer partitions; nothing is
+    lost, a smaller fetch still answers."""
+    limit = 200_000
+    d = pool.start(tmp_path / "data", extra_env={
+        **LONG_SESSIONS, "CONNECT_COORDINATOR_REQUEST_MAX_RESPONSE_BYTES": str(limit)})
+    admin, w = running_worker(d, {"A": 1})
+    big = json.dumps({"x": "y" * 60_000})
+    for i in range(4):
+        assert commit(w, [(part(i), big)]).error_code == 0
+    r = admin.client.call(ConnectGroupFetchOffsetsRequest(group_id="g", connector="A",
+                                                          partitions=None))
+    assert r.error_code == E.INVALID_REQUEST and not r.offsets, r.error_code
+    assert "request.max.response.bytes=200000" in r.error_message, r.error_message
+    r = admin.client.call(ConnectGroupFetchOffsetsRequest(group_id="g", connector="A",
+                                                          partitions=(part(0), part(3))))
+    assert r.error_code == 0 and [p.partition for p in r.offsets] == [part(0), part(3)], r
+    done = cli("connectors", "offsets", "get", "--bootstrap", d.bootstrap, "--group", "g", "A",
+               ok=False)
+    assert "request.max.response.bytes" in done.stderr and "Traceback" not in done.stderr
+    assert d.alive()
+    admin.close()
+    w.close()

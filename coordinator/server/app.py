@@ -331,7 +331,8 @@ class Router:
         async def run() -> Any:
             try:
                 if api_key == ApiKey.CONNECT_GROUP_FETCH_OFFSETS:
-                    return await shard.read(lambda core: core.fetch_offsets(req))
+                    response = await shard.read(lambda core: core.fetch_offsets(req))
+                    return self._bounded_fetch(response, error)
                 while True:  # a Reset
                     response = await shard.write(lambda core, now: core.alter_offsets(req, now),
                                                  error)
@@ -344,6 +345,20 @@ class Router:
             except ShardUnavailable as exc:
                 return error(exc.code, exc.message)
         return self._gather(run())
+
+    def _bounded_fetch(self, response: Any, error: Callable[[int, str], Any]) -> Any:
+        """A FetchOffsets answer within request.max.response.bytes (as a describe's): a
+        connector may hold far more offsets than one answer should carry."""
+        limit = self.server.max_response_bytes
+        total = 0
+        for p in response.offsets:
+            total += len(p.partition.encode()) + (len(p.offset.encode()) if p.offset else 0)
+            if total > limit:
+                return error(ErrorCode.INVALID_REQUEST,
+                             f"the answer would carry {len(response.offsets):,} offsets, more than "
+                             f"request.max.response.bytes={limit} bytes: fetch fewer partitions "
+                             "at a time (Partitions)")
+        return response
 
     @staticmethod
     def _too_many_describe(group_ids: Any, limit: int) -> Any:
