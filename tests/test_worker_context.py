@@ -149,9 +149,10 @@ class Runtime:
     def __init__(self) -> None:
         self.sent: list[Any] = []
         self.member_epoch = 7
+        self.tokens: dict[Item, int] = {T0: 42}
 
     def fencing_token(self, item: Item) -> int | None:
-        return {T0: 42}.get(item)
+        return self.tokens.get(item)
 
     async def commit_offsets(self, item: Item, offsets: list[tuple[str, str | None]]) -> None:
         self.sent.append(("commit", item, offsets))
@@ -195,3 +196,26 @@ def test_context_checks_before_sending_and_is_closed_after_stop() -> None:
                             ("reconfigure", C)]
     assert worker_client.FencedError is FencedError and issubclass(FencedError, ProtocolError)
     assert json.loads(canonical_json({"z": 1, "a": 2})) == {"a": 2, "z": 1}
+
+
+def test_an_instance_of_an_earlier_grant_keeps_its_token_and_may_not_commit() -> None:
+    """The item granted to this worker again while it kept it (its connector deleted and created
+    again between two heartbeats): the running instance belongs to the earlier grant. Its token
+    stays the one it started with, its commits are refused before anything is sent, and the
+    worker sees it (``stale_grant``) and restarts it; a new instance gets the new token."""
+    runtime = Runtime()
+    old = Context(T0, "w1", runtime)  # type: ignore[arg-type]
+    assert old.fencing_token == 42 and old.stale_grant() is None
+    runtime.tokens[T0] = 57  # the heartbeat brought the item's new grant
+    assert old.fencing_token == 42, "fixed for the instance's life"
+    assert old.stale_grant() == 57
+
+    async def go() -> None:
+        with pytest.raises(FencedError) as info:
+            await old.commit_offsets([({"f": 1}, {"pos": 9})])
+        assert info.value.code == E.ITEM_NOT_OWNED and "granted again (token 57)" in str(info.value)
+
+    asyncio.run(go())
+    assert runtime.sent == [], "nothing sent"
+    new = Context(T0, "w1", runtime)  # type: ignore[arg-type]
+    assert new.fencing_token == 57 and new.stale_grant() is None

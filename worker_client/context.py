@@ -141,12 +141,16 @@ class Context:
     instance's ``stop()`` returned the context is closed: a commit through it raises
     :class:`FencedError` (a new instance of the item gets a new context)."""
 
-    __slots__ = ("_closed", "_item", "_runtime", "connector", "task_id", "worker_id")
+    __slots__ = ("_closed", "_item", "_runtime", "_token", "connector", "task_id", "worker_id")
 
     def __init__(self, item: Item, worker_id: str, runtime: Runtime) -> None:
         self._item = item
         self._runtime = runtime
         self._closed = False
+        # The token of the grant this instance was started under: if the item is granted to
+        # this worker again while it keeps it (e.g. its connector was deleted and created
+        # again), the instance belongs to the earlier grant and the worker restarts it.
+        self._token = runtime.fencing_token(item)
         self.connector = item.connector
         self.task_id: int | None = None if item.is_connector else item.task
         self.worker_id = worker_id
@@ -164,8 +168,15 @@ class Context:
     def fencing_token(self) -> int | None:
         """The fencing token of this grant of the item to this worker: higher than any token an
         earlier holder of the item was given. Pass it to the resource the instance writes, which
-        refuses a lower one (worker_client.fencing). ``None`` if the coordinator sent none."""
-        return self._runtime.fencing_token(self._item)
+        refuses a lower one (worker_client.fencing). ``None`` if the coordinator sent none.
+        Fixed for the instance's life (the grant it was started under)."""
+        return self._token if self._token is not None else self._runtime.fencing_token(self._item)
+
+    def stale_grant(self) -> int | None:
+        """The item's current token if it differs from the one this instance started under (the
+        item was granted to this worker again: this instance must not write), else None."""
+        live = self._runtime.fencing_token(self._item)
+        return live if self._token is not None and live is not None and live != self._token else None
 
     async def commit_offsets(self, pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any] | None]],
                              ) -> None:
@@ -177,6 +188,11 @@ class Context:
         if self._closed:
             raise FencedError(ErrorCode.ITEM_NOT_OWNED,
                               f"the instance {self._item} was stopped: its context is closed")
+        if (live := self.stale_grant()) is not None:
+            raise FencedError(ErrorCode.ITEM_NOT_OWNED,
+                              f"the instance {self._item} was started under fencing token "
+                              f"{self._token}; the item was granted again (token {live}): "
+                              "this instance is being restarted, nothing was stored")
         if offsets:
             await self._runtime.commit_offsets(self._item, offsets)
 

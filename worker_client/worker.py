@@ -823,6 +823,8 @@ class Worker:
                     own = spec.task_config(item.task) if wants[item.connector] else None
                 if verbs.identity(item, new, own) != verbs.identity(item, inst.base, inst.task_config):
                     restart.add(item)
+                elif inst.context is not None and inst.context.stale_grant() is not None:
+                    restart.add(item)  # granted again while kept: a new instance, a new token
                 elif inst.reconfigure is not None and inst.max_tasks != spec.task_count:
                     inst.max_tasks = spec.task_count  # (the connector's task count changed)
                     inst.reconfigure.set()
@@ -1368,6 +1370,10 @@ class Worker:
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, self.stop_deadline_s * 2)
             configs = check_task_configs(result, max_tasks, where)
+            if inst.context is not None and inst.context.stale_grant() is not None:
+                self.log.info("task configs not written: the connector was granted to this "
+                              "worker again; its instance restarts", connector=inst.item.connector)
+                return
             if configs != last:
                 request = ConnectGroupWriteTaskConfigsRequest(
                     group_id=self.config.group_id, member_id="", member_epoch=0,
