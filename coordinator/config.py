@@ -268,6 +268,12 @@ SETTINGS: tuple[Setting, ...] = (
             "INVALID_REQUEST and nothing is stored. At most half the log's batch limit.",
             lambda v: None if 1024 <= v <= DEFAULT_MAX_BATCH_BYTES // 2
             else f"must be within [1024, {DEFAULT_MAX_BATCH_BYTES // 2}]"),
+    Setting("group.connect.offsets.max.bytes", int, _G.max_offset_bytes,
+            "Most bytes (UTF-8, canonical JSON) of source partitions and offsets one connector "
+            "may keep, all its partitions together; a commit or alter that would keep more gets "
+            "INVALID_REQUEST and nothing is stored. Bounds the daemon's memory per connector; "
+            "keep it below request.max.response.bytes so that one fetch can return them all.",
+            _positive),
     Setting("group.connect.offsets.max.partitions", int, _G.max_offset_partitions,
             "Most source partitions one connector may have offsets for; a commit or alter "
             "adding more gets INVALID_REQUEST and nothing is stored.", _positive),
@@ -479,6 +485,7 @@ class ServerConfig:
             max_batch_bytes=DEFAULT_MAX_BATCH_BYTES,
             max_offset_commit_bytes=self["group.connect.offsets.max.commit.bytes"],
             max_offset_partitions=self["group.connect.offsets.max.partitions"],
+            max_offset_bytes=self["group.connect.offsets.max.bytes"],
             max_batch_records=self["etcd.max.txn.ops"] if self["store"] == "etcd" else None,
         )
 

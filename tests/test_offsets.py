@@ -202,6 +202,40 @@ def test_commit_byte_limit_and_partition_limit() -> None:
     assert len(offsets(h)) == 3
 
 
+def test_a_connectors_offsets_are_bounded_in_bytes_all_partitions_together() -> None:
+    """Without a total, a principal that may commit (READ) could keep 100,000 partitions of up
+    to the commit limit each in the daemon's memory: group.connect.offsets.max.bytes bounds what
+    one connector keeps. The total is kept by replay (both paths), so a rolled-back delete, a
+    delete and a reload all count it right."""
+    h = Harness(GroupCoordinatorConfig(max_offset_bytes=600))
+    one_worker(h)
+    blob = json.dumps({"blob": "x" * 100})  # 113 bytes canonical
+    entry = len(c(P(0))) + len(c(blob))
+    fits = 600 // entry
+    assert commit(h, "W1", pairs=[(P(i), blob) for i in range(fits)]).error_code == 0
+    assert h.group().offset_bytes["A"] == fits * entry
+    r = commit(h, "W1", pairs=[(P(fits), blob)])
+    assert r.error_code == E.INVALID_REQUEST, r
+    assert "group.connect.offsets.max.bytes is 600" in r.error_message
+    assert "Nothing was stored" in r.error_message and len(offsets(h)) == fits
+    # Smaller offsets, or a partition removed, make room again; replacing keeps the total right.
+    assert commit(h, "W1", pairs=[(P(0), OFF(0)), (P(fits), blob)]).error_code == 0
+    assert h.group().offset_bytes["A"] == sum(len(p) + len(o) for p, o in offsets(h).items())
+    r = alter(h, [(P(fits + 1), blob)], connector="A")  # (refused: RUNNING; the limit too below)
+    assert r.error_code == E.INVALID_REQUEST
+    stop(h, tasks=1)
+    r = alter(h, [(P(fits + 1), blob)])
+    assert r.error_code == E.INVALID_REQUEST and "max.bytes" in r.error_message, r
+    bulk_equal(h)
+    fresh = CoordinatorState()
+    for record in h.log:
+        fresh.replay(record)
+    assert fresh.groups["g"].offset_bytes == h.group().offset_bytes
+    assert h.alter(deletes=["A"]).error_code == 0
+    assert "A" not in h.group().offset_bytes
+    bulk_equal(h)
+
+
 def test_a_store_bounding_records_per_write_refuses_a_larger_commit() -> None:
     h = Harness(GroupCoordinatorConfig(max_batch_records=4))
     one_worker(h)

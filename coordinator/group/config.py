@@ -14,6 +14,7 @@ MAX_ASSIGNMENT_TIMEOUT = "group.connect.max.assignment.timeout.ms"
 MAX_GROUPS = "group.max.groups"
 MAX_COMMIT_BYTES = "group.connect.offsets.max.commit.bytes"
 MAX_PARTITIONS = "group.connect.offsets.max.partitions"
+MAX_OFFSET_BYTES = "group.connect.offsets.max.bytes"
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
 """The partition log's batch limit (``coordinator.runtime.log.DEFAULT_MAX_BATCH_BYTES``, which a
 test keeps equal): no handler's records may take more, whatever the request."""
@@ -64,6 +65,9 @@ class GroupCoordinatorConfig:
     max_offset_commit_bytes: int = 1024 * 1024
     """``group.connect.offsets.max.commit.bytes``: the most bytes of partitions and offsets (their
     JSON text, UTF-8) one ConnectGroupCommitOffsets or ConnectGroupAlterOffsets may carry."""
+    max_offset_bytes: int = 32 * 1024 * 1024
+    """``group.connect.offsets.max.bytes``: the most bytes (UTF-8 of the canonical JSON) of source
+    partitions and offsets one connector may keep; a commit that would keep more is refused."""
     max_offset_partitions: int = 100_000
     """``group.connect.offsets.max.partitions``: the most source partitions one connector may
     have offsets for; a commit that would add more is refused."""

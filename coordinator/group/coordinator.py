@@ -91,7 +91,13 @@ from connect_wire.records import (
 from connect_wire.verbs import STOPPED, target_state
 
 from . import records as rec
-from .config import MAX_COMMIT_BYTES, MAX_PARTITIONS, MAX_REBALANCE_TIMEOUT, GroupCoordinatorConfig
+from .config import (
+    MAX_COMMIT_BYTES,
+    MAX_OFFSET_BYTES,
+    MAX_PARTITIONS,
+    MAX_REBALANCE_TIMEOUT,
+    GroupCoordinatorConfig,
+)
 from .model import (
     ANONYMOUS,
     CONNECTOR,
@@ -120,7 +126,7 @@ from .offsets import OffsetError, changes_from
 from .offsets import canonical_object as _canonical_object
 from .reconciliation import next_assignment
 from .records import assignment_bytes, connectors_log_bytes
-from .state import CoordinatorState, ReplayError
+from .state import CoordinatorState, ReplayError, offset_entry_bytes
 from .validation import (
     cut_client_id,
     validate_assignors,
@@ -2110,11 +2116,16 @@ class GroupCoordinator:
         name = spec.name
         live = g.offsets.get(name, {})
         added = removed = 0
+        grown = 0  # bytes kept after the change minus before
         for partition, offset in changes.items():
-            if partition in live:
+            old = live.get(partition)
+            if old is not None:
                 removed += offset is None
+                grown -= offset_entry_bytes(partition, old)
             elif offset is not None:
                 added += 1
+            if offset is not None:
+                grown += offset_entry_bytes(partition, offset)
         after = len(live) + added - removed
         limit = self.config.max_offset_partitions
         if added and after > limit:
@@ -2122,6 +2133,13 @@ class GroupCoordinator:
                 E.INVALID_REQUEST,
                 f"Connector {name!r} would have offsets for {after:,} source partitions "
                 f"({added:,} new); {MAX_PARTITIONS} is {limit:,}. Nothing was stored.")
+        kept = g.offset_bytes.get(name, 0) + grown
+        if grown > 0 and kept > self.config.max_offset_bytes:
+            raise _Reject(
+                E.INVALID_REQUEST,
+                f"Connector {name!r} would keep {kept:,} bytes of source partitions and offsets "
+                f"({grown:,} more); {MAX_OFFSET_BYTES} is {self.config.max_offset_bytes:,}. "
+                "Nothing was stored: remove partitions (a null offset) or keep smaller offsets.")
         per_write = self.config.max_batch_records
         if per_write is not None and len(changes) > per_write:
             raise _Reject(

@@ -339,6 +339,9 @@ class Group:
     offset_garbage: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
     """connector -> partition -> (incarnation, offset): offset records of a deleted connector
     (or an older incarnation of it) not yet tombstoned; never served, removed in batches."""
+    offset_bytes: dict[str, int] = field(default_factory=dict)
+    """connector -> the UTF-8 bytes of its live partitions and offsets together (a derived
+    total kept by replay, what ``group.connect.offsets.max.bytes`` bounds)."""
     token_ceiling: int = 0  # fencing tokens up to this may have been given (GroupMetadata)
     task_configs: dict[str, TaskConfigs] = field(default_factory=dict)  # connector -> written
     # -- derived indexes, maintained by replay ------------------------------------------------
@@ -373,6 +376,7 @@ class Group:
             "has_target_metadata": self.has_target_metadata,
             "offsets": {c: dict(p) for c, p in self.offsets.items()},
             "offset_garbage": {c: dict(p) for c, p in self.offset_garbage.items()},
+            "offset_bytes": dict(self.offset_bytes),
             "token_ceiling": self.token_ceiling,
             "task_configs": dict(self.task_configs),
             "owner": dict(self.owner),

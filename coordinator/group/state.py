@@ -368,7 +368,7 @@ class CoordinatorState:
         live = g.offsets.get(connector)
         garbage = g.offset_garbage.get(connector)
         if live is not None and partition in live:
-            del live[partition]
+            _count_bytes(g, connector, -offset_entry_bytes(partition, live.pop(partition)))
             if not live:
                 del g.offsets[connector]
                 live = None
@@ -385,6 +385,7 @@ class CoordinatorState:
             if live is None:
                 live = g.offsets[connector] = {}
             live[partition] = offset
+            _count_bytes(g, connector, offset_entry_bytes(partition, offset))
         else:
             if garbage is None:
                 garbage = g.offset_garbage[connector] = {}
@@ -470,6 +471,20 @@ class CoordinatorState:
         return {gid: g.durable() for gid, g in self.groups.items()}
 
 
+def offset_entry_bytes(partition: str, offset: str) -> int:
+    """What one stored offset counts against ``group.connect.offsets.max.bytes``: the UTF-8
+    bytes of its partition and offset (canonical JSON)."""
+    return len(partition.encode()) + len(offset.encode())
+
+
+def _count_bytes(g: Group, connector: str, delta: int) -> None:
+    total = g.offset_bytes.get(connector, 0) + delta
+    if total > 0:
+        g.offset_bytes[connector] = total
+    else:
+        g.offset_bytes.pop(connector, None)
+
+
 def _move_offsets(g: Group, connectors: dict[str, ConnectorSpec]) -> None:
     """A connectors record replaces ``g.connectors`` by ``connectors``: the offsets of a
     connector gone (or of an incarnation replaced) become garbage; those of a connector (back)
@@ -481,6 +496,7 @@ def _move_offsets(g: Group, connectors: dict[str, ConnectorSpec]) -> None:
         if (new is None or new.incarnation != spec.incarnation) and name in g.offsets:
             garbage = g.offset_garbage.setdefault(name, {})
             incarnation = spec.incarnation
+            g.offset_bytes.pop(name, None)
             for partition, offset in g.offsets.pop(name).items():
                 garbage[partition] = (incarnation, offset)
     if not g.offset_garbage:
@@ -498,6 +514,7 @@ def _move_offsets(g: Group, connectors: dict[str, ConnectorSpec]) -> None:
             if not leftover:
                 del g.offset_garbage[name]
             g.offsets.setdefault(name, {}).update(back)
+            _count_bytes(g, name, sum(offset_entry_bytes(p, o) for p, o in back.items()))
 
 
 def _owned(c: CurrentAssignment) -> frozenset[Item]:
