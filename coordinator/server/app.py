@@ -333,7 +333,13 @@ class Router:
                 if api_key == ApiKey.CONNECT_GROUP_FETCH_OFFSETS:
                     response = await shard.read(lambda core: core.fetch_offsets(req))
                     return self._bounded_fetch(response, error)
-                while True:  # a Reset
+                # A Reset: batches until none is left. Each batch removes at least one partition,
+                # so as many rounds as there were partitions (plus one) end it unless partitions
+                # keep being committed meanwhile (instances of the STOPPED connector still
+                # stopping): then the reset stops there, with an error saying so.
+                rounds = 1 + await shard.read(
+                    lambda core: core.offset_count(req.group_id, req.connector))
+                while True:
                     response = await shard.write(lambda core, now: core.alter_offsets(req, now),
                                                  error)
                     if response.error_code:
@@ -342,6 +348,12 @@ class Router:
                         lambda core: core.offset_count(req.group_id, req.connector))
                     if not left:
                         return response
+                    rounds -= 1
+                    if rounds <= 0:
+                        return error(ErrorCode.INVALID_REQUEST,
+                                     f"Offsets of connector {req.connector!r} kept being committed "
+                                     f"while they were reset ({left:,} left): wait until its "
+                                     "instances have stopped, then reset again.")
             except ShardUnavailable as exc:
                 return error(exc.code, exc.message)
         return self._gather(run())
