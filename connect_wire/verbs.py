@@ -11,13 +11,16 @@ from ConnectGroupDescribe. Reserved keys (never passed to a plugin; ``connectors
     stay assigned (as Kafka Connect's paused tasks keep their assignment).
 ``connect.restart.generation``
     A decimal counter (absent = 0). Each bump restarts the connector and all its tasks once.
+``connect.restart.connector``
+    A decimal counter (absent = 0). Each bump restarts only the connector instance once (Kafka
+    Connect's plain ``POST /connectors/{c}/restart``).
 ``connect.restart.task.N``
     A decimal counter for task N (absent = 0). Each bump restarts only task N once.
 
 A worker restarts an instance when the part of the config it depends on changes: the plugin's
 config (the config without these keys: the connector and all its tasks), the restart generation
-(all of them), the task's own counter (that task), or the task's own config written by its
-connector instance (that task).
+(all of them), the connector's or the task's own counter (that instance), or the task's own
+config written by its connector instance (that task).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from connect_wire.items import Item
 
 TARGET_STATE = "connect.target.state"
 RESTART_GENERATION = "connect.restart.generation"
+RESTART_CONNECTOR = "connect.restart.connector"
 RESTART_TASK_PREFIX = "connect.restart.task."
 RUNNING, PAUSED, STOPPED = "RUNNING", "PAUSED", "STOPPED"
 STATES = (RUNNING, PAUSED, STOPPED)
@@ -38,7 +42,8 @@ def restart_task_key(task: int) -> str:
 
 
 def is_reserved(key: str) -> bool:
-    return key in (TARGET_STATE, RESTART_GENERATION) or key.startswith(RESTART_TASK_PREFIX)
+    return key in (TARGET_STATE, RESTART_GENERATION, RESTART_CONNECTOR) \
+        or key.startswith(RESTART_TASK_PREFIX)
 
 
 def plugin_config(config: Mapping[str, str | None]) -> dict[str, str | None]:
@@ -62,9 +67,9 @@ def counter(config: Mapping[str, str | None], key: str) -> int:
 def identity(item: Item, config: Mapping[str, str | None],
              task_config: Mapping[str, str | None] | None = None) -> tuple[object, ...]:
     """What an instance of ``item`` was started from: when it changes, the instance restarts
-    (the plugin's config, the restart generation, for a task its own restart counter, and the
+    (the plugin's config, the restart generation, its own restart counter, and the
     task's own config when its connector instance wrote task configs)."""
-    own = 0 if item.is_connector else counter(config, restart_task_key(item.task))
+    own = counter(config, RESTART_CONNECTOR if item.is_connector else restart_task_key(item.task))
     return (sorted(plugin_config(config).items(), key=lambda kv: kv[0]),
             counter(config, RESTART_GENERATION), own,
             None if task_config is None else sorted(task_config.items(), key=lambda kv: kv[0]))

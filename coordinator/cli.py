@@ -39,8 +39,13 @@ import time
 from typing import Any
 
 from connect_wire import client_security, plugins, verbs
+from connect_wire import connectors as shared
 from connect_wire.addresses import Address, parse_bootstrap
 from connect_wire.cliutil import StrictParser, add_version
+from connect_wire.connectors import item_name as _item_name
+from connect_wire.connectors import items as _items
+from connect_wire.connectors import running_tasks as _running_tasks
+from connect_wire.connectors import tokens as _tokens
 from connect_wire.errors import error_name
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
@@ -258,8 +263,6 @@ def _describe(session: AdminSession, group_ids: list[str]) -> Any:
         group_id, ConnectGroupDescribeRequest(group_ids=(group_id,))).groups]
 
 
-def _items(a: Any) -> list[str]:
-    return [*a.connectors, *(f"{t.connector}/{t.task}" for t in a.tasks)]
 
 
 def _utc(ms: int) -> str | None:
@@ -292,15 +295,8 @@ def _connector_dict(c: Any) -> dict[str, Any]:
             "plugin_config": verbs.plugin_config(config)}
 
 
-def _running_tasks(c: Any) -> int:
-    """A connector's running task count: as many as the task configs its connector instance
-    wrote (at most the configured count), or the configured count before it wrote any."""
-    return c.task_count if c.task_configs is None else min(len(c.task_configs), c.task_count)
 
 
-def _tokens(m: Any) -> dict[str, int]:
-    """A member's fencing token per owned item."""
-    return {_item_name(t.connector, t.task): t.token for t in m.fencing_tokens}
 
 
 def _group_dict(g: Any) -> dict[str, Any]:
@@ -337,60 +333,8 @@ def _group_dict(g: Any) -> dict[str, Any]:
     }
 
 
-def _item_name(connector: str, task: int) -> str:
-    return connector if task < 0 else f"{connector}/{task}"
 
 
-def _status(g: Any, name: str) -> dict[str, Any]:
-    """``connectors status``: each instance of connector ``name`` (the connector, then its
-    running tasks: as many as the task configs its connector instance wrote, else the
-    configured count) with the member that owns it, the item's fencing token there, and the
-    state that member's worker reported: RUNNING,
-    FAILED or RESTARTING (with the last error and its trace); PAUSED or STOPPED when owned and
-    the connector's target state is that (nothing runs); ASSIGNED when owned with no state
-    reported yet (starting, or the coordinator restarted and the worker has not reported
-    again); HELD while held for a fenced member; UNASSIGNED when nobody owns it."""
-    spec = next((c for c in g.connectors if c.name == name), None)
-    if spec is None:
-        raise CliError(f"connector {name} does not exist in group {g.group_id}")
-    from connect_wire.verbs import RUNNING, target_state
-    target = target_state({e.name: e.value for e in spec.config})
-    # A PAUSED or STOPPED connector's items stay owned with no instance running (nothing is
-    # reported for them): shown as the target state, as Kafka Connect's status does.
-    idle = "ASSIGNED" if target == RUNNING else target
-    owners: dict[str, Any] = {}
-    states: dict[str, Any] = {}
-    tokens: dict[str, int] = {}
-    for m in g.members:
-        tokens.update(_tokens(m))
-        for item in (*_items(m.assignment), *m.revoking_connectors,
-                     *(f"{t.connector}/{t.task}" for t in m.revoking_tasks)):
-            owners[item] = m
-        for s in m.instance_states:
-            states[_item_name(s.connector, s.task)] = s
-    held = {item: h for h in g.holds for item in _items(h.items)}
-
-    def one(item: str) -> dict[str, Any]:
-        m = owners.get(item)
-        s = states.get(item) if m is not None else None
-        if m is None:
-            h = held.get(item)
-            return {"state": "HELD" if h is not None else "UNASSIGNED",
-                    "member_id": h.member_id if h is not None else None,
-                    "instance_id": h.instance_id if h is not None else None,
-                    "worker_url": None, "fencing_token": None, "error": None, "trace": None}
-        if target != RUNNING:
-            s = None  # paused or stopped: nothing runs, whatever was reported before
-        return {"state": s.state if s is not None else idle, "member_id": m.member_id,
-                "instance_id": m.instance_id, "worker_url": m.worker_url,
-                "fencing_token": tokens.get(item),
-                "error": s.error_message if s is not None else None,
-                "trace": s.trace if s is not None else None}
-
-    running = _running_tasks(spec)
-    return {"group": g.group_id, "connector": name, "target_state": target,
-            "running_tasks": running, "configured_tasks": spec.task_count, **one(name),
-            "tasks": [{"task": t, **one(f"{name}/{t}")} for t in range(running)]}
 
 
 def _status_text(st: dict[str, Any]) -> str:
@@ -426,17 +370,15 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def _verb_config(args: argparse.Namespace, old: Any) -> dict[str, str | None]:
     """The connector's config after a verb (read-modify-write of the stored one)."""
-    config = {e.name: e.value for e in old.config}
-    if args.action == "restart":
-        if args.task is not None and args.task >= old.task_count:
-            raise CliError(f"connector {args.name} has no task {args.task} "
-                           f"(it has {old.task_count} task(s))")
-        key = verbs.RESTART_GENERATION if args.task is None else verbs.restart_task_key(args.task)
-        config[key] = str(verbs.counter(config, key) + 1)
-    else:
-        config[verbs.TARGET_STATE] = {"pause": verbs.PAUSED, "resume": verbs.RUNNING,
-                                      "stop": verbs.STOPPED}[args.action]
-    return config
+    config = shared.config_of(old)
+    if args.action != "restart":
+        return shared.state_config(config, args.action)
+    try:
+        return shared.restart_config(config, old.task_count, everything=args.task is None,
+                                     tasks=() if args.task is None else (args.task,))
+    except shared.UnknownTask:
+        raise CliError(f"connector {args.name} has no task {args.task} "
+                       f"(it has {old.task_count} task(s))") from None
 
 
 def _describe_text(c: dict[str, Any]) -> str:
@@ -461,24 +403,11 @@ def _offsets_file(path: str) -> list[tuple[str, str | None]]:
         raise CliError(f"{path} is nested too deeply to be read") from None
     except ValueError as exc:
         raise CliError(f"{path} is not JSON: {exc}") from None
-    entries = doc.get("offsets") if isinstance(doc, dict) else None
-    if not isinstance(entries, list):
-        raise CliError(f'{path} must be a JSON object with an "offsets" list: '
-                       '{"offsets": [{"partition": {...}, "offset": {...}}]}')
-    if not entries:
-        raise CliError(f'{path}: "offsets" is empty: nothing to alter (to remove every offset, '
-                       "use 'connectors offsets reset')")
-    pairs: list[tuple[str, str | None]] = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not isinstance(entry.get("partition"), dict):
-            raise CliError(f'{path}: offsets[{i}] must be an object with a "partition" object')
-        if "offset" not in entry or not (entry["offset"] is None or isinstance(entry["offset"], dict)):
-            raise CliError(f'{path}: offsets[{i}] must have an "offset": an object, or null to '
-                           "remove the partition")
-        offset = entry["offset"]
-        pairs.append((_canonical(entry["partition"], f"{path}: offsets[{i}].partition"),
-                      None if offset is None else _canonical(offset, f"{path}: offsets[{i}].offset")))
-    return pairs
+    try:
+        return shared.offset_pairs(doc, path, _canonical)
+    except shared.BadOffsets as exc:
+        raise CliError(str(exc) + ("" if "empty" not in str(exc) else
+                                   " (to remove every offset, use 'connectors offsets reset')")) from None
 
 
 def _canonical(obj: Any, what: str) -> str:
@@ -500,9 +429,7 @@ def cmd_offsets(args: argparse.Namespace, out: Any) -> None:
             resp = client.group_call(args.group, ConnectGroupFetchOffsetsRequest(
                 group_id=args.group, connector=args.name, partitions=None))
             _check(resp.error_code, resp.error_message)
-            entries = [{"partition": json.loads(p.partition),
-                        "offset": None if p.offset is None else json.loads(p.offset)}
-                       for p in resp.offsets]
+            entries = shared.offset_entries(resp.offsets)
             if args.json:
                 out.write(json.dumps({"offsets": entries}, indent=2, ensure_ascii=False) + "\n")
             elif not entries:
@@ -536,7 +463,10 @@ def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
         if args.action == "status":  # (Status)
             (g,) = _describe(client, [args.group])
             _check(g.error_code if g.error_code != 10001 else 0, g.error_message)
-            st = _status(g, args.name)
+            try:
+                st = shared.status(g, args.name)
+            except shared.UnknownConnector as exc:
+                raise CliError(str(exc)) from None
             out.write(json.dumps(st, indent=2) + "\n" if args.json else _status_text(st))
             return
         if args.action in ("list", "describe"):

@@ -20,7 +20,7 @@ layer   name                modules
                             .tls``; ``worker_client.client`` and the worker's helpers (logs,
                             metrics, failstop, config providers, plugins, fencing, context)
 4       server              ``coordinator.server``, ``coordinator.security.apis/.service``;
-                            ``worker_client.worker``
+                            ``worker_client.worker``, ``worker_client.rest`` (its REST API)
 5       cluster             ``coordinator.cluster``
 6       entry points        ``coordinator.cli``, ``coordinator.daemon``, ``coordinator.admin``,
                             ``coordinator.security.cli``; ``worker_client.cli``, its examples
@@ -61,7 +61,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                            "worker_client.failstop", "worker_client.config_providers",
                            "worker_client.plugins", "worker_client.fencing", "worker_client.context")),
     ("server", ("coordinator.server", "coordinator.security.apis",
-                "coordinator.security.service", "worker_client.worker")),
+                "coordinator.security.service", "worker_client.worker", "worker_client.rest")),
     ("cluster", ("coordinator.cluster",)),
     ("entry points", ("coordinator.cli", "coordinator.daemon", "coordinator.admin",
                       "coordinator.security.cli", "worker_client.cli", "worker_client.examples")),

@@ -25,3 +25,15 @@ def test_reserved_keys_state_and_identity() -> None:
     paused = {**full, verbs.TARGET_STATE: "PAUSED"}  # the state alone restarts nothing
     assert all(verbs.identity(i, paused) == verbs.identity(i, full) for i in (conn, t0, t1))
     assert verbs.counter({verbs.RESTART_GENERATION: "x"}, verbs.RESTART_GENERATION) == 0
+
+
+def test_the_connector_restart_counter_restarts_only_the_connector_instance() -> None:
+    """Kafka Connect's plain ``POST /connectors/{c}/restart`` restarts the connector instance
+    alone: its own counter, reserved (never a plugin's key), changes only its identity."""
+    full = {"connector.class": "m:C", verbs.RESTART_GENERATION: "2"}
+    bumped = {**full, verbs.RESTART_CONNECTOR: "1"}
+    assert verbs.is_reserved(verbs.RESTART_CONNECTOR)
+    assert verbs.plugin_config(bumped) == {"connector.class": "m:C"}
+    conn, t0 = Item.parse("c"), Item("c", 0)
+    assert verbs.identity(conn, bumped) != verbs.identity(conn, full)
+    assert verbs.identity(t0, bumped) == verbs.identity(t0, full)

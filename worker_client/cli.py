@@ -27,6 +27,7 @@ import contextlib
 import os
 import signal
 import sys
+from typing import Any
 
 from connect_wire import client_security
 from connect_wire.addresses import Address, parse_bootstrap
@@ -127,21 +128,39 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--config-providers-allowed-paths", default="", metavar="DIR[,DIR...]",
                    help="the directories file and directory references may read (Kafka's "
                    "allowed.paths); default any file this process can read")
+    rest = r.add_argument_group(
+        "REST API", "Kafka Connect's REST API for the worker's group, answered through the "
+        "coordinator (docs/rest.md). Off unless --rest-listen is given.")
+    rest.add_argument("--rest-listen", type=_hostport, metavar="HOST:PORT",
+                      help="serve the REST API here (e.g. 127.0.0.1:8083; 0.0.0.0 to accept "
+                      "other hosts' requests); default: off")
+    rest.add_argument("--rest-advertised-url", metavar="URL",
+                      help="this worker's REST URL as others reach it (default: the listener's "
+                      "http://HOST:PORT); also the worker URL the group shows unless --worker-url "
+                      "is given, and its host:port is the worker_id in statuses")
+    rest.add_argument("--rest-basic-auth-file", metavar="FILE",
+                      help="require HTTP basic authentication on every path: a file of "
+                      "user=password lines (Kafka's PropertyFileLoginModule format)")
+    rest.add_argument("--rest-request-timeout-ms", type=_ms, default=30_000, metavar="MS",
+                      help="how long a request waits for the group's coordinator (retrying while "
+                      "it moves or is unreachable) before answering 409 (default 30000)")
     client_security.add_arguments(r, "--client-config")
     return p
+
+
+def _rest_url(args: argparse.Namespace) -> str | None:
+    if args.rest_advertised_url:
+        return str(args.rest_advertised_url)
+    if args.rest_listen:
+        host, port = args.rest_listen
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    return None
 
 
 async def _run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
-    from worker_client.failstop import FAIL_STOP_EXIT
-    from worker_client.worker import (
-        Worker,
-        WorkerConfig,
-        WorkerFailed,
-        WorkerFailStopped,
-        WorkerSecurityFailed,
-    )
+    from worker_client.worker import Worker, WorkerConfig
 
     try:
         security = client_security.from_args(args)
@@ -158,7 +177,7 @@ async def _run(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         bootstrap=list(dict.fromkeys(a for group in args.bootstrap for a in group)),
         group_id=args.group, member_id=args.member_id,
-        instance_id=args.instance_id, worker_url=args.worker_url,
+        instance_id=args.instance_id, worker_url=args.worker_url or _rest_url(args),
         rebalance_timeout_ms=args.rebalance_timeout_ms, stop_budget_ms=args.stop_budget_ms,
         session_timeout_ms=args.session_timeout_ms,
         long_poll=not args.no_long_poll, max_delay_ms=args.max_delay_ms,
@@ -179,12 +198,52 @@ async def _run(args: argparse.Namespace) -> int:
             logs.exit_line(f"connect-worker: cannot serve metrics on {where} (--metrics-listen): "
                            f"{exc.strerror or exc}")
             return 2
+    rest = None
+    if args.rest_advertised_url and not args.rest_listen:
+        logs.exit_line("connect-worker: --rest-advertised-url needs --rest-listen")
+        return 2
+    if args.rest_listen:
+        from worker_client.rest import RestServer, load_users
+        users = None
+        if args.rest_basic_auth_file:
+            try:
+                users = load_users(args.rest_basic_auth_file)
+            except (OSError, ValueError) as exc:
+                logs.exit_line(f"connect-worker: --rest-basic-auth-file: {exc}")
+                return 2
+        host, port = args.rest_listen
+        rest = RestServer(worker, host, port, users=users,
+                          request_timeout_s=args.rest_request_timeout_ms / 1000)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stopping.set)
     runner = asyncio.create_task(worker.run())
+    if rest is not None:
+        try:
+            await rest.start()
+        except OSError as exc:  # a busy port: one line naming it, not a traceback
+            host, port = args.rest_listen
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            logs.exit_line(f"connect-worker: cannot serve the REST API on {where} (--rest-listen): "
+                           f"{exc.strerror or exc}")
+            await worker.stop(static=False)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(runner, 5)
+            return 2
+    try:
+        return await _work(args, worker, runner, stopping)
+    finally:
+        if rest is not None:
+            await rest.stop()
+
+
+async def _work(args: argparse.Namespace, worker: Any, runner: asyncio.Task[None],
+                stopping: asyncio.Event) -> int:
+    from worker_client.failstop import FAIL_STOP_EXIT
+    from worker_client.worker import WorkerFailed, WorkerFailStopped, WorkerSecurityFailed
+
     stopper = asyncio.create_task(stopping.wait())
     done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if runner in done:

@@ -1,0 +1,382 @@
+"""Kafka Connect's REST API on `connect-worker run --rest-listen`, end to end with real
+processes: one coordinator daemon and two workers for the whole module (w1 open, w2 behind
+HTTP basic authentication), driven by `kafka-connect-py` (a real Kafka Connect client from PyPI)
+for the lifecycle and by raw HTTP (urllib) for status codes, error bodies and the endpoints
+that client does not cover (offsets, PATCH config, health)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from kafka_connect import KafkaConnect
+
+from connect_wire.messages import ConnectGroupDescribeRequest
+from coordinator.admin import AdminClient
+from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env
+from tests.test_worker_e2e import PLUGIN, SESSION_MS, _free_port
+
+GROUP = "rest"
+USER, PASSWORD = "admin", "s3cret=ok"  # (a password may contain '=')
+CONVERGE_S = 30.0
+
+
+class Workers:
+    def __init__(self, base: Path, daemon: Daemon) -> None:
+        self.base, self.daemon = base, daemon
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.urls: dict[str, str] = {}
+        self.records = base / "records.jsonl"
+        self.records.touch()
+        self.users = base / "users.properties"
+        self.users.write_text(f"# REST users\n{USER}={PASSWORD}\nother=x\n")
+
+    def spawn(self, name: str, auth: bool = False) -> None:
+        port = _free_port()
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", self.daemon.bootstrap,
+               "--group", GROUP, "--instance-id", name, "--session-timeout-ms", str(SESSION_MS),
+               "--max-delay-ms", "0", "--rest-listen", f"127.0.0.1:{port}",
+               "--rest-request-timeout-ms", "5000"]
+        if auth:
+            cmd += ["--rest-basic-auth-file", str(self.users)]
+        with open(self.base / f"worker-{name}.log", "wb") as err:
+            self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                                env=daemon_env(), cwd=ROOT)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.base.glob("worker-*.log")))
+
+    def close(self) -> dict[str, int | None]:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                codes[name] = None
+        return codes
+
+    def describe(self) -> Any:
+        with AdminClient(self.daemon.host, self.daemon.port, timeout_s=5) as c:
+            (g,) = c.call(ConnectGroupDescribeRequest(group_ids=(GROUP,))).groups
+        return g
+
+
+def http(method: str, url: str, body: Any = None, auth: tuple[str, str] | None = None,
+         raw: bytes | None = None) -> tuple[int, dict[str, str], Any]:
+    """(status, headers, JSON body or None) of one request."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            status, headers, text = resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        status, headers, text = exc.code, dict(exc.headers), exc.read()
+    return status, headers, json.loads(text) if text else None
+
+
+def until(check: Callable[[], Any], what: str, workers: Workers, timeout_s: float = CONVERGE_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s\n{workers.logs()}"
+        time.sleep(0.2)
+
+
+def healthy(url: str, auth: tuple[str, str] | None = None) -> bool:
+    try:
+        return http("GET", url + "/health", auth=auth)[0] == 200
+    except urllib.error.URLError:  # not listening yet
+        return False
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    base = tmp_path_factory.mktemp("rest")
+    with DaemonPool(base) as pool:
+        w = Workers(base, pool.start())
+        try:
+            w.spawn("w1")
+            w.spawn("w2", auth=True)
+            until(lambda: healthy(w.urls["w1"]) and healthy(w.urls["w2"], (USER, PASSWORD)),
+                  "both workers healthy", w)
+            yield w
+        finally:
+            codes = w.close()
+        assert codes == {"w1": 0, "w2": 0}, w.logs()
+
+
+def connector(workers: Workers, name: str, tasks: int = 2, **extra: str) -> dict[str, Any]:
+    return {"name": name, "config": {"connector.class": PLUGIN, "tasks.max": str(tasks),
+                                     "record.file": str(workers.records), **extra}}
+
+
+def worker_ids(workers: Workers) -> set[str]:
+    return {u.removeprefix("http://") for u in workers.urls.values()}
+
+
+def states(st: dict[str, Any]) -> tuple[str, list[str]]:
+    return st["connector"]["state"], [t["state"] for t in st["tasks"]]
+
+
+def test_lifecycle_through_kafka_connect_py(workers: Workers) -> None:
+    kc = KafkaConnect(url=workers.urls["w1"])
+    assert kc.get_cluster_info()["kafka_cluster_id"] == GROUP
+    info = kc.create_connector(connector(workers, "life", tasks=2))
+    assert info["name"] == "life" and info["config"]["tasks.max"] == "2"
+    assert info["config"]["connector.class"] == PLUGIN and info["config"]["name"] == "life"
+    assert "life" in kc.list_connectors()
+    assert kc.get_connector_config("life") == info["config"]
+
+    def running() -> dict[str, Any] | None:
+        st = kc.get_connector_status("life")
+        return st if states(st) == ("RUNNING", ["RUNNING", "RUNNING"]) else None
+
+    st = until(running, "life RUNNING", workers)
+    assert {st["connector"]["worker_id"], *(t["worker_id"] for t in st["tasks"])} <= worker_ids(workers)
+    assert [t["id"] for t in st["tasks"]] == [0, 1] and st["type"] in ("source", "sink", "unknown")
+    listed = kc.list_connectors(expand="status")
+    assert listed["life"]["status"]["connector"]["state"] == "RUNNING"
+    tasks = kc.list_connector_tasks("life")
+    assert [t["id"] for t in tasks] == [{"connector": "life", "task": 0}, {"connector": "life", "task": 1}]
+    assert tasks[0]["config"]["connector.class"] == PLUGIN
+    assert kc.get_connector_task_status("life", 1)["state"] == "RUNNING"
+
+    kc.pause_connector("life")
+    until(lambda: states(kc.get_connector_status("life")) == ("PAUSED", ["PAUSED", "PAUSED"]),
+          "life PAUSED", workers)
+    kc.resume_connector("life")
+    until(running, "life RUNNING again", workers)
+    kc.stop_connector("life")
+    # (a STOPPED connector's tasks are not shown, as Kafka Connect)
+    until(lambda: states(kc.get_connector_status("life")) == ("STOPPED", []), "life STOPPED", workers)
+
+    # Offsets (not in kafka-connect-py): alter, get, reset while STOPPED.
+    url = f"{workers.urls['w1']}/connectors/life/offsets"
+    offsets = {"offsets": [{"partition": {"file": "a.txt"}, "offset": {"line": 7}},
+                           {"partition": {"file": "b.txt"}, "offset": {"line": 1}}]}
+    status, _, body = http("PATCH", url, offsets)
+    assert (status, body) == (200, {"message": "The offsets for this connector have been altered "
+                                               "successfully"})
+    status, _, body = http("GET", url)
+    assert status == 200
+    assert sorted(body["offsets"], key=str) == sorted(offsets["offsets"], key=str)
+    status, _, body = http("PATCH", url, {"offsets": [{"partition": {"file": "b.txt"}, "offset": None}]})
+    assert status == 200
+    assert http("GET", url)[2] == {"offsets": [offsets["offsets"][0]]}
+    status, _, body = http("DELETE", url)
+    assert (status, body) == (200, {"message": "The offsets for this connector have been reset "
+                                               "successfully"})
+    assert http("GET", url)[2] == {"offsets": []}
+
+    kc.resume_connector("life")
+    until(running, "life RUNNING after stop", workers)
+    st = kc.restart_connector("life", include_tasks=True, only_failed=False)
+    assert states(st) == ("RESTARTING", ["RESTARTING", "RESTARTING"])
+    assert kc.restart_connector("life") is None  # 204: the connector instance only
+    kc.restart_connector_task("life", 1)
+    (c,) = [c for c in workers.describe().connectors if c.name == "life"]
+    config = {e.name: e.value for e in c.config}
+    assert (config["connect.restart.generation"], config["connect.restart.connector"],
+            config["connect.restart.task.1"]) == ("1", "1", "1")
+    until(running, "life RUNNING after the restarts", workers)
+
+    updated = kc.update_connector("life", {"connector.class": PLUGIN, "tasks.max": "3",
+                                           "record.file": str(workers.records), "record.tag": "v2"})
+    assert updated["config"]["tasks.max"] == "3" and updated["config"]["record.tag"] == "v2"
+    until(lambda: states(kc.get_connector_status("life")) == ("RUNNING", ["RUNNING"] * 3),
+          "life with 3 tasks", workers)
+    # the verbs' counters survive an update (they are not the REST config's)
+    assert "connect.restart.generation" not in updated["config"]
+
+    kc.delete_connector("life")
+    with pytest.raises(requests.HTTPError) as err:
+        kc.get_connector("life")
+    assert err.value.response.status_code == 404
+    assert err.value.response.json() == {"error_code": 404, "message": "Connector life not found"}
+
+
+def test_restart_only_failed_tasks_answers_202_with_them_restarting(workers: Workers) -> None:
+    kc = KafkaConnect(url=workers.urls["w1"])
+    kc.create_connector(connector(workers, "flaky", tasks=2, **{"fail.mode": "start"}))
+    until(lambda: states(kc.get_connector_status("flaky")) == ("RUNNING", ["FAILED", "FAILED"]),
+          "flaky's tasks FAILED", workers)
+    st = kc.get_connector_status("flaky")
+    assert "start() failed on purpose" in st["tasks"][0]["trace"]
+    # kafka-connect-py sends includeTasks=True&onlyFailed=True (Python's spelling)
+    st = kc.restart_connector("flaky", include_tasks=True, only_failed=True)
+    assert states(st) == ("RUNNING", ["RESTARTING", "RESTARTING"])
+    assert "trace" not in st["tasks"][0]
+    (c,) = [c for c in workers.describe().connectors if c.name == "flaky"]
+    config = {e.name: e.value for e in c.config}
+    assert config.get("connect.restart.task.0") == "1" and config.get("connect.restart.task.1") == "1"
+    assert "connect.restart.generation" not in config and "connect.restart.connector" not in config
+    # Nothing failed: 202, nothing restarted.
+    status, _, body = http("POST", f"{workers.urls['w1']}/connectors/flaky/restart?includeTasks=true"
+                                   "&onlyFailed=TRUE&includeTasks=true")
+    assert status == 202 and body["connector"]["state"] == "RUNNING"
+    kc.delete_connector("flaky")
+
+
+def test_status_codes_and_error_bodies(workers: Workers) -> None:
+    base = workers.urls["w1"]
+    status, headers, body = http("POST", f"{base}/connectors", connector(workers, "codes", tasks=1))
+    assert status == 201 and headers["Location"] == "/connectors/codes", body
+    status, _, body = http("POST", f"{base}/connectors", connector(workers, "codes", tasks=1))
+    assert (status, body) == (409, {"error_code": 409, "message": "Connector codes already exists"})
+    # The plugin's own validate refuses the config: 400, nothing written.
+    status, _, body = http("POST", f"{base}/connectors", connector(workers, "bad", **{"tick.ms": "soon"}))
+    assert status == 400 and body["error_code"] == 400
+    assert body["message"].startswith("Connector configuration is invalid and contains the following "
+                                      "1 error(s):\ntick.ms: must be a whole number"), body
+    status, _, body = http("POST", f"{base}/connectors", {"name": "bad", "config": {"tasks.max": "1"}})
+    assert status == 400 and "contains no connector type" in body["message"]
+    status, _, body = http("POST", f"{base}/connectors", connector(workers, "bad", tasks=0))
+    assert status == 400 and "tasks.max" in body["message"]
+    status, _, body = http("POST", f"{base}/connectors", raw=b"{not json")
+    assert status == 400 and body["error_code"] == 400
+    status, _, body = http("POST", f"{base}/connectors", {"name": "bad", "config": {
+        "connector.class": PLUGIN, "connect.target.state": "STOPPED"}})
+    assert status == 400 and "reserved" in body["message"]
+    assert "bad" not in http("GET", f"{base}/connectors")[2]
+
+    # PUT config: 201 created (Location), 200 updated, a differing name 400.
+    put = {"connector.class": PLUGIN, "tasks.max": "1", "record.file": str(workers.records)}
+    status, headers, body = http("PUT", f"{base}/connectors/viaput/config", put)
+    assert status == 201 and headers["Location"] == "/connectors/viaput"
+    status, _, body = http("PUT", f"{base}/connectors/viaput/config", {**put, "record.tag": "x"})
+    assert status == 200 and body["config"]["record.tag"] == "x"
+    status, _, body = http("PUT", f"{base}/connectors/viaput/config", {**put, "name": "other"})
+    assert (status, body["message"]) == (400, "Connector name configuration (other) doesn't match "
+                                              "connector name in the URL (viaput)")
+    # PATCH: null deletes a key, others are set.
+    status, _, body = http("PATCH", f"{base}/connectors/viaput/config", {"record.tag": None, "a.b": "c"})
+    assert status == 200 and "record.tag" not in body["config"] and body["config"]["a.b"] == "c"
+    assert http("GET", f"{base}/connectors/viaput/config")[2] == {**put, "a.b": "c", "name": "viaput"}
+    # initial_state
+    status, _, body = http("POST", f"{base}/connectors", {**connector(workers, "idle", tasks=1),
+                                                          "initial_state": "PAUSED"})
+    assert status == 201
+    until(lambda: http("GET", f"{base}/connectors/idle/status")[2]["connector"]["state"] == "PAUSED",
+          "idle PAUSED", workers)
+
+    # Offsets of a connector that is not STOPPED: 400 with Kafka Connect's message.
+    status, _, body = http("PATCH", f"{base}/connectors/codes/offsets",
+                           {"offsets": [{"partition": {"p": 1}, "offset": {"o": 1}}]})
+    assert (status, body["message"]) == (400, "Connectors must be in the STOPPED state before their "
+                                              "offsets can be modified. This can be done for the "
+                                              "specified connector by issuing a 'PUT' request to the "
+                                              "'/connectors/codes/stop' endpoint")
+    assert http("DELETE", f"{base}/connectors/codes/offsets")[0] == 400
+    assert http("PATCH", f"{base}/connectors/codes/offsets", {"offsets": []})[0] == 400
+
+    # 404s, each with Kafka Connect's error body.
+    for method, path in (("GET", "/connectors/nope"), ("GET", "/connectors/nope/status"),
+                         ("DELETE", "/connectors/nope"), ("PUT", "/connectors/nope/pause"),
+                         ("GET", "/connectors/nope/offsets"), ("POST", "/connectors/nope/restart"),
+                         ("GET", "/connectors/codes/tasks/5/status"),
+                         ("POST", "/connectors/codes/tasks/5/restart"),
+                         ("GET", "/connectors/codes/tasks/x/status"), ("GET", "/no/such/path")):
+        status, _, body = http(method, base + path)
+        assert status == 404 and body["error_code"] == 404 and body["message"], (method, path, body)
+    # 405 for a wrong method, with Allow.
+    status, headers, body = http("DELETE", f"{base}/connectors")
+    assert status == 405 and body["error_code"] == 405 and "GET" in headers["Allow"]
+    # A trailing slash is the same resource.
+    assert http("GET", f"{base}/connectors/")[2] == http("GET", f"{base}/connectors")[2]
+    assert http("GET", f"{base}/connectors/codes/config/")[0] == 200
+    # expand=status and expand=info together
+    expanded = http("GET", f"{base}/connectors?expand=status&expand=info")[2]
+    assert set(expanded["codes"]) == {"status", "info"}
+    assert expanded["codes"]["info"]["config"]["tasks.max"] == "1"
+    assert http("PUT", f"{base}/connectors/codes/stop")[0] == 204
+    assert http("PUT", f"{base}/connectors/codes/pause")[0] == 202
+    assert http("PUT", f"{base}/connectors/codes/resume")[0] == 202
+
+    # Plugins: validate through a plugin given by its class (URL-encoded).
+    status, _, plugins = http("GET", f"{base}/connector-plugins/")
+    assert status == 200 and isinstance(plugins, list)
+    quoted = urllib.request.quote(PLUGIN, safe="")
+    status, _, body = http("PUT", f"{base}/connector-plugins/{quoted}/config/validate",
+                           {"tick.ms": "soon", "tasks.max": "1"})
+    assert status == 200 and body["name"] == PLUGIN and body["error_count"] == 1
+    errors = {c["value"]["name"]: c["value"]["errors"] for c in body["configs"]}
+    assert errors["tick.ms"] and errors["tasks.max"] == []
+    status, _, body = http("PUT", f"{base}/connector-plugins/{quoted}/config/validate",
+                           {"connector.class": "other:Class"})
+    assert status == 400
+    status, _, body = http("PUT", f"{base}/connector-plugins/no.such:Plugin/config/validate", {})
+    assert status == 200 and body["error_count"] == 1
+
+    for name in ("codes", "viaput", "idle"):
+        assert http("DELETE", f"{base}/connectors/{name}")[0] == 204
+
+
+def test_basic_auth_on_every_path_and_both_workers_answer_the_same(workers: Workers) -> None:
+    base = workers.urls["w2"]
+    for path in ("/", "/health", "/connectors", "/connectors/x/status", "/no/such/path"):
+        for auth in (None, (USER, "wrong"), ("nobody", PASSWORD)):
+            status, headers, body = http("GET", base + path, auth=auth)
+            assert status == 401 and headers["WWW-Authenticate"].startswith("Basic "), (path, auth)
+            assert body["error_code"] == 401
+    status, _, body = http("POST", f"{base}/connectors", connector(workers, "authd", tasks=1))
+    assert status == 401 and "authd" not in http("GET", f"{workers.urls['w1']}/connectors")[2]
+    kc = KafkaConnect(url=base, auth=f"{USER}:{PASSWORD}")
+    # (kafka-connect-py splits auth on every ':', so the password must not contain one)
+    kc.create_connector(connector(workers, "authd", tasks=1))
+    assert http("GET", f"{workers.urls['w1']}/connectors/authd")[2] == kc.get_connector("authd")
+    kc.delete_connector("authd")
+
+
+def test_unjoined_worker_is_unhealthy_and_answers_409_past_its_request_timeout(workers: Workers) -> None:
+    """A worker whose coordinator cannot be reached: /health 503 (not joined), and a request
+    that needs the coordinator 409 once its request timeout has passed (Kafka Connect's answer
+    while its group rebalances), never 500."""
+    port = _free_port()  # (nothing listens there)
+    rest = _free_port()
+    cmd = [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", f"127.0.0.1:{port}",
+           "--group", GROUP, "--rest-listen", f"127.0.0.1:{rest}", "--rest-request-timeout-ms", "1000"]
+    with open(workers.base / "worker-lonely.log", "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                env=daemon_env(), cwd=ROOT)
+    try:
+        url = f"http://127.0.0.1:{rest}"
+
+        def answer() -> tuple[int, dict[str, str], Any] | None:
+            try:
+                return http("GET", url + "/health")
+            except urllib.error.URLError:
+                return None
+
+        status, _, body = until(answer, "the lonely worker's REST API", workers)
+        assert status == 503 and body["status"] == "starting", body
+        status, _, body = http("GET", url + "/connectors")
+        assert status == 409 and body["error_code"] == 409, body
+        assert "did not answer within 1 s" in body["message"], body
+        assert http("GET", url + "/")[0] == 200  # (needs no coordinator)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, workers.logs()

@@ -1,0 +1,684 @@
+"""Kafka Connect's REST API on a worker (``connect-worker run --rest-listen HOST:PORT``).
+
+An aiohttp web server in the worker's own event loop (``AppRunner`` + ``TCPSite``: it takes no
+signals; the worker's SIGTERM handling stays as it is). Every answer comes from the group's
+coordinator through the worker's own :class:`~worker_client.client.CoordinatorClient` (its
+control connection, never the heartbeat one): reads are one ConnectGroupDescribe or
+FetchOffsets, changes one ConnectGroupAlterConnectors (Connect's verbs are reserved config
+keys, :mod:`connect_wire.verbs`) or AlterOffsets. What is made of the answers is shared with
+the admin CLI (:mod:`connect_wire.connectors`). docs/rest.md lists the endpoints, the status
+codes and what differs from Kafka Connect.
+
+Config mapping: the REST config's ``tasks.max`` is the connector's task count, ``name`` its
+name (neither is stored in its config), ``connector.class`` names its plugin; the reserved keys
+of the verbs are never shown and never accepted.
+
+Errors: ``{"error_code": <http status>, "message": ...}``. A coordinator that cannot be reached
+or answers a retriable error (moving, loading) is asked again with backoff until the request
+timeout, then 409 (Kafka Connect's answer while its group rebalances).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from connect_wire import connectors as shared
+from connect_wire import plugins, verbs
+from connect_wire.client_security import SecurityError
+from connect_wire.cliutil import version
+from connect_wire.errors import ErrorCode, error_name
+from connect_wire.messages import (
+    ConnectGroupAlterConnectorsRequest,
+    ConnectGroupAlterOffsetsRequest,
+    ConnectGroupDescribeRequest,
+    ConnectGroupFetchOffsetsRequest,
+)
+from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
+from connect_wire.messages import connect_group_alter_offsets_request_v0 as _alter_offsets
+from worker_client import logs
+from worker_client.client import ConnectionFailed, coordinator_error
+from worker_client.membership import State
+
+RETRIABLE = {int(ErrorCode.NOT_COORDINATOR), int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+             int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS), int(ErrorCode.REQUEST_TIMED_OUT)}
+"""Coordinator answers asked again until the request timeout (then 409)."""
+FORBIDDEN = {int(ErrorCode.GROUP_AUTHORIZATION_FAILED), int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)}
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+TASKS_MAX = "tasks.max"
+CONNECTOR_CLASS = "connector.class"
+STOPPED_FOR_OFFSETS = ("Connectors must be in the STOPPED state before their offsets can be "
+                       "modified. This can be done for the specified connector by issuing a 'PUT' "
+                       "request to the '/connectors/{}/stop' endpoint")
+log = logs.get("worker_client.rest")
+
+
+class RestError(Exception):
+    """An answer other than success: ``status`` and Kafka Connect's error body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.json_response({"error_code": status, "message": message}, status=status,
+                             headers=headers)
+
+
+def load_users(path: str) -> dict[str, str]:
+    """``user=password`` lines (Kafka's PropertyFileLoginModule format; ``#`` and ``!`` start
+    comments, blank lines skipped). ValueError naming the line for anything else."""
+    users: dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line[0] in "#!":
+                continue
+            user, sep, password = line.partition("=")
+            if not sep:
+                user, sep, password = line.partition(":")
+            if not sep or not user.strip():
+                raise ValueError(f"{path}:{n}: not user=password")
+            users[user.strip()] = password.strip()
+    if not users:
+        raise ValueError(f"{path}: no user=password line")
+    return users
+
+
+def _bool(request: web.Request, name: str) -> bool:
+    """A query boolean, case-insensitive as Java's ``Boolean.valueOf`` (``True`` from Python
+    clients is true; anything but ``true`` is false)."""
+    return request.query.get(name, "false").strip().lower() == "true"
+
+
+def _worker_id(url: str | None, fallback: str | None) -> str | None:
+    """Kafka Connect's ``worker_id``: the host:port of the member's worker URL."""
+    if url:
+        parts = urlsplit(url if "//" in url else f"//{url}")
+        if parts.hostname:
+            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+            return f"{host}:{parts.port}" if parts.port else host
+        return url
+    return fallback
+
+
+def _task_number(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise RestError(404, f"Task {text} not found")
+    return int(text)
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read() or b"null")
+    except ValueError as exc:
+        raise RestError(400, f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RestError(400, "The request body is nested too deeply to be read") from None
+
+
+class RestApi:
+    """The routes, over a running :class:`~worker_client.worker.Worker`."""
+
+    def __init__(self, worker: Any, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 users: Mapping[str, str] | None = None) -> None:
+        self.worker = worker
+        self.group = worker.config.group_id
+        self.request_timeout_s = request_timeout_s
+        self.users = dict(users) if users else None
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors], client_max_size=16 * 1024 * 1024)
+        add = self._route(app)
+        add("/", GET=self.root)
+        add("/health", GET=self.health)
+        add("/connectors", GET=self.list_connectors, POST=self.create)
+        add("/connectors/{c}", GET=self.info, DELETE=self.delete)
+        add("/connectors/{c}/config", GET=self.get_config, PUT=self.put_config,
+            PATCH=self.patch_config)
+        add("/connectors/{c}/status", GET=self.status)
+        add("/connectors/{c}/tasks", GET=self.tasks)
+        add("/connectors/{c}/tasks/{t}/status", GET=self.task_status)
+        add("/connectors/{c}/tasks/{t}/restart", POST=self.restart_task)
+        add("/connectors/{c}/restart", POST=self.restart)
+        add("/connectors/{c}/pause", PUT=self.pause)
+        add("/connectors/{c}/resume", PUT=self.resume)
+        add("/connectors/{c}/stop", PUT=self.stop)
+        add("/connectors/{c}/offsets", GET=self.get_offsets, PATCH=self.alter_offsets,
+            DELETE=self.reset_offsets)
+        add("/connector-plugins", GET=self.connector_plugins)
+        add("/connector-plugins/{p}/config/validate", PUT=self.validate)
+        return app
+
+    @staticmethod
+    def _route(app: web.Application) -> Callable[..., None]:
+        def add(path: str, **handlers: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+            # A trailing slash is accepted (real clients send /connector-plugins/); a name
+            # never contains '/' here (a URL-encoded one is decoded after matching).
+            pattern = "/" if path == "/" else path + "{_slash:/?}"
+            resource = app.router.add_resource(pattern)
+            for method, handler in handlers.items():
+                resource.add_route(method, handler)
+        return add
+
+    @web.middleware
+    async def _errors(self, request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+        if self.users is not None and not self._authenticated(request):
+            return _error_response(401, "User cannot access the resource.",
+                                   {"WWW-Authenticate": 'Basic realm="connect-worker"'})
+        try:
+            return await handler(request)
+        except RestError as exc:
+            return _error_response(exc.status, exc.message)
+        except web.HTTPException as exc:  # aiohttp's own: 404 no such path, 405 wrong method
+            if exc.status < 400:
+                raise
+            headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+            text = (f"HTTP {exc.status} {exc.reason}" if exc.status != 404
+                    else f"HTTP 404 Not Found: no resource {request.path}")
+            return _error_response(exc.status, text, headers)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: said, logged, never taken for a coordinator answer
+            log.error("rest request failed", method=request.method, path=request.path,
+                      error=repr(exc), exc_info=True)
+            return _error_response(500, f"Internal error: {exc!r}")
+
+    def _authenticated(self, request: web.Request) -> bool:
+        assert self.users is not None
+        header = request.headers.get("Authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, sep, password = base64.b64decode(value.strip(), validate=True).decode(
+                "utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        expected = self.users.get(user)
+        # (compared in constant time; an unknown user is compared too)
+        ok = hmac.compare_digest(password.encode(), (expected or "\0" + password).encode())
+        return bool(sep) and expected is not None and ok
+
+    async def _call(self, request: Any) -> Any:
+        """``request`` to the group's coordinator; retriable answers and lost connections asked
+        again until the request timeout (409 then), authorization refusals 403, other errors
+        left to the caller."""
+        client = self.worker.client
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout_s
+        last = "no answer"
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise RestError(409, "Cannot complete request momentarily: the group's coordinator "
+                                f"did not answer within {self.request_timeout_s:g} s (last: {last}); "
+                                "retry later")
+            try:
+                resp = await client.send(request, timeout_s=max(0.1, left))
+            except ConnectionFailed as exc:
+                last = str(exc)
+            except SecurityError as exc:
+                raise RestError(403, f"The coordinator refused this worker: {exc}") from None
+            else:
+                code = coordinator_error(resp)
+                if code in FORBIDDEN:
+                    raise RestError(403, f"{error_name(code)}: {message_of(resp)} (the worker's own "
+                                    "principal is what the coordinator's ACLs see)")
+                if code not in RETRIABLE:
+                    return resp
+                last = f"{error_name(code)}: {message_of(resp)}"
+            await asyncio.sleep(min(client.backoff_s(), max(0.0, deadline - loop.time())))
+
+    async def _group(self) -> Any:
+        resp = await self._call(ConnectGroupDescribeRequest(group_ids=(self.group,)))
+        (g,) = resp.groups
+        if g.error_code and g.error_code != ErrorCode.NO_ASSIGNOR_COVERS_GROUP:
+            raise RestError(500, f"{error_name(g.error_code)}: {g.error_message}")
+        return g
+
+    async def _connector(self, name: str) -> tuple[Any, Any]:
+        g = await self._group()
+        try:
+            return g, shared.find(g, name)
+        except shared.UnknownConnector:
+            raise RestError(404, f"Connector {name} not found") from None
+
+    async def _alter(self, upserts: tuple[Any, ...] = (), deletes: tuple[str, ...] = ()) -> None:
+        resp = await self._call(ConnectGroupAlterConnectorsRequest(
+            group_id=self.group, upserts=upserts, deletes=deletes, validate_only=False))
+        if resp.error_code:
+            raise RestError(400, f"{error_name(resp.error_code)}: {resp.error_message}")
+
+    @staticmethod
+    def _spec(name: str, task_count: int, config: Mapping[str, str | None]) -> Any:
+        return _alter.ConnectorSpec(name=name, task_count=task_count, config=tuple(
+            _alter.ConfigEntry(name=k, value=v) for k, v in sorted(config.items())))
+
+    # -- shapes ------------------------------------------------------------------------------
+    @staticmethod
+    def _type(config: Mapping[str, str | None]) -> str:
+        """``source``, ``sink`` (a plugin class's ``type`` attribute, when it can be loaded
+        here) or ``unknown``."""
+        try:
+            cls = plugins.load_class(config.get(CONNECTOR_CLASS) or "")
+        except Exception:  # noqa: BLE001 - not loadable here: Kafka Connect's "unknown"
+            return "unknown"
+        kind = getattr(cls, "type", None)
+        return kind if kind in ("source", "sink") else "unknown"
+
+    @staticmethod
+    def rest_config(c: Any) -> dict[str, str | None]:
+        return {**verbs.plugin_config(shared.config_of(c)), "name": c.name,
+                TASKS_MAX: str(c.task_count)}
+
+    def connector_info(self, c: Any) -> dict[str, Any]:
+        config = self.rest_config(c)
+        return {"name": c.name, "config": config,
+                "tasks": [{"connector": c.name, "task": t} for t in range(shared.running_tasks(c))],
+                "type": self._type(config)}
+
+    def connector_status(self, g: Any, name: str, restarting: frozenset[int] = frozenset(),
+                         connector_restarting: bool = False) -> dict[str, Any]:
+        st = shared.status(g, name)
+
+        def one(x: dict[str, Any], restart: bool) -> dict[str, Any]:
+            state = x["state"]
+            if state in ("ASSIGNED", "HELD"):
+                state = "UNASSIGNED"
+            if restart:
+                state = "RESTARTING"
+            out: dict[str, Any] = {"state": state, "worker_id": _worker_id(
+                x["worker_url"], x["instance_id"] or x["member_id"])}
+            trace = x["trace"] or x["error"]
+            if trace and not restart:
+                out["trace"] = trace
+            return out
+
+        spec = shared.find(g, name)
+        tasks = [] if st["target_state"] == verbs.STOPPED else [
+            {"id": t["task"], **one(t, t["task"] in restarting)} for t in st["tasks"]]
+        return {"name": name, "connector": one(st, connector_restarting), "tasks": tasks,
+                "type": self._type(shared.config_of(spec))}
+
+    # -- root --------------------------------------------------------------------------------
+    async def root(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": version(), "commit": "unknown",
+                                  "kafka_cluster_id": self.group})
+
+    async def health(self, request: web.Request) -> web.Response:
+        m = self.worker.membership
+        if m.member_epoch > 0 and m.state in (State.STABLE, State.RECONCILING):
+            return web.json_response({"status": "healthy", "message": "Worker has completed "
+                                      "startup and is ready to handle requests."})
+        if m.state in (State.FAILED, State.LEFT, State.LEAVING):
+            return web.json_response({"status": "unhealthy", "message": "Worker is not a member "
+                                      f"of group {self.group} ({m.state.value})."}, status=503)
+        return web.json_response({"status": "starting", "message": "Worker is still starting up "
+                                  f"(joining group {self.group})."}, status=503)
+
+    # -- connectors --------------------------------------------------------------------------
+    async def list_connectors(self, request: web.Request) -> web.Response:
+        g = await self._group()
+        expand = {e.strip().lower() for e in request.query.getall("expand", [])}
+        names = sorted(c.name for c in g.connectors)
+        if not expand & {"status", "info"}:
+            return web.json_response(names)
+        out: dict[str, Any] = {}
+        for c in sorted(g.connectors, key=lambda c: c.name):
+            entry: dict[str, Any] = {}
+            if "status" in expand:
+                entry["status"] = self.connector_status(g, c.name)
+            if "info" in expand:
+                entry["info"] = self.connector_info(c)
+            out[c.name] = entry
+        return web.json_response(out)
+
+    async def _checked(self, name: str, config: Mapping[str, Any],
+                       stored: Mapping[str, str | None]) -> tuple[int, dict[str, str | None]]:
+        """A REST config as it would be stored: (task count, config with ``stored``'s verbs
+        kept). 400 for what Kafka Connect refuses, the plugin's own ``validate`` included."""
+        if not isinstance(config, Mapping):
+            raise RestError(400, "The connector configuration must be a JSON object")
+        bad = [k for k, v in config.items() if not (v is None or isinstance(v, str | int | float | bool))]
+        if bad:
+            raise RestError(400, f"Config values must be strings: {', '.join(sorted(bad))}")
+        text = {k: None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
+                for k, v in config.items()}
+        given = text.pop("name", None)
+        if given is not None and given != name:
+            raise RestError(400, f"Connector name configuration ({given}) doesn't match connector "
+                            f"name in the URL ({name})")
+        reserved = sorted(k for k in text if verbs.is_reserved(k))
+        if reserved:
+            raise RestError(400, f"{', '.join(reserved)}: reserved for Connect's verbs (use the "
+                            "restart, pause, resume and stop endpoints)")
+        if not (text.get(CONNECTOR_CLASS) or "").strip():
+            raise RestError(400, f"Connector config {dict(config)} contains no connector type")
+        errors: dict[str, list[str]] = {}
+        tasks_text = text.pop(TASKS_MAX, None)
+        tasks = 1  # (Kafka Connect's default)
+        if tasks_text is not None:
+            try:
+                tasks = int(tasks_text)
+            except ValueError:
+                tasks = -1
+            if tasks < 1:
+                errors[TASKS_MAX] = [f"Invalid value {tasks_text} for configuration tasks.max: "
+                                     "Value must be at least 1"]
+        errors.update(await self._plugin_errors(name, text))
+        if errors:
+            lines = plugins.error_lines(errors)
+            raise RestError(400, f"Connector configuration is invalid and contains the following "
+                            f"{len(lines)} error(s):\n" + "\n".join(lines) + "\nYou can also find "
+                            "the above list of errors at the endpoint "
+                            "`/connector-plugins/{connectorType}/config/validate`")
+        kept = {k: v for k, v in stored.items() if verbs.is_reserved(k)}
+        return tasks, {**text, **kept}
+
+    @staticmethod
+    async def _plugin_errors(name: str, config: Mapping[str, str | None]) -> dict[str, list[str]]:
+        """The plugin's ``validate`` of ``config`` (``connector.class`` in error when the class
+        cannot be loaded here, as the worker that would run it could not either)."""
+        try:
+            cls = plugins.load_class(config.get(CONNECTOR_CLASS) or "")
+        except Exception as exc:  # noqa: BLE001 - PluginError, or its module failing to import
+            return {CONNECTOR_CLASS: [str(exc)]}
+        try:
+            return await plugins.validate(cls, {**config, "connector.name": name})
+        except plugins.ValidatorFailed as exc:
+            return {CONNECTOR_CLASS: [f"the config's validator itself failed: {exc}"]}
+
+    async def create(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise RestError(400, 'The request body must be {"name": ..., "config": {...}}')
+        config = body.get("config")
+        if not isinstance(config, dict):
+            raise RestError(400, "Connector config is missing: the body's \"config\" object")
+        name = body.get("name") or config.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise RestError(400, "Connector name must not be empty")
+        initial = body.get("initial_state")
+        if initial is not None and (not isinstance(initial, str) or initial.upper() not in verbs.STATES):
+            raise RestError(400, f"Invalid initial_state {initial!r}: one of "
+                            f"{', '.join(verbs.STATES)}")
+        g = await self._group()
+        if any(c.name == name for c in g.connectors):
+            raise RestError(409, f"Connector {name} already exists")
+        tasks, stored = await self._checked(name, config, {})
+        if initial is not None and initial.upper() != verbs.RUNNING:
+            stored[verbs.TARGET_STATE] = initial.upper()
+        await self._alter(upserts=(self._spec(name, tasks, stored),))
+        _, c = await self._connector(name)
+        return web.json_response(self.connector_info(c), status=201,
+                                 headers={"Location": f"/connectors/{name}"})
+
+    async def info(self, request: web.Request) -> web.Response:
+        _, c = await self._connector(request.match_info["c"])
+        return web.json_response(self.connector_info(c))
+
+    async def get_config(self, request: web.Request) -> web.Response:
+        _, c = await self._connector(request.match_info["c"])
+        return web.json_response(self.rest_config(c))
+
+    async def put_config(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        config = await _json_body(request)
+        g = await self._group()
+        old = next((c for c in g.connectors if c.name == name), None)
+        stored = shared.config_of(old) if old is not None else {}
+        tasks, new = await self._checked(name, config, stored)
+        await self._alter(upserts=(self._spec(name, tasks, new),))
+        _, c = await self._connector(name)
+        headers = {"Location": f"/connectors/{name}"} if old is None else None
+        return web.json_response(self.connector_info(c), status=201 if old is None else 200,
+                                 headers=headers)
+
+    async def patch_config(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        patch = await _json_body(request)
+        if not isinstance(patch, dict):
+            raise RestError(400, "The connector configuration patch must be a JSON object")
+        _, old = await self._connector(name)
+        merged: dict[str, Any] = self.rest_config(old)
+        for key, value in patch.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        tasks, new = await self._checked(name, merged, shared.config_of(old))
+        await self._alter(upserts=(self._spec(name, tasks, new),))
+        _, c = await self._connector(name)
+        return web.json_response(self.connector_info(c))
+
+    async def delete(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        await self._connector(name)
+        await self._alter(deletes=(name,))
+        return web.Response(status=204)
+
+    async def status(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        g, _ = await self._connector(name)
+        return web.json_response(self.connector_status(g, name))
+
+    async def tasks(self, request: web.Request) -> web.Response:
+        """Each running task's id and config: the task config its connector instance wrote, or,
+        for a connector that writes none, the connector's config (what its tasks start with)."""
+        name = request.match_info["c"]
+        _, c = await self._connector(name)
+        base = verbs.plugin_config(shared.config_of(c))
+        out = []
+        for t in range(shared.running_tasks(c)):
+            config = base if c.task_configs is None else {
+                e.name: e.value for e in c.task_configs[t].config}
+            out.append({"id": {"connector": name, "task": t}, "config": config})
+        return web.json_response(out)
+
+    async def task_status(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        g, _ = await self._connector(name)
+        task = _task_number(request.match_info["t"])
+        st = self.connector_status(g, name)
+        found = next((t for t in st["tasks"] if t["id"] == task), None)
+        if found is None:
+            raise RestError(404, f"Task {name}-{task} not found")  # (Kafka Connect's task id)
+        return web.json_response(found)
+
+    # -- verbs -------------------------------------------------------------------------------
+    async def restart(self, request: web.Request) -> web.Response:
+        """Plain: the connector instance only (204). With ``includeTasks`` and/or
+        ``onlyFailed``: the connector and (with includeTasks) its tasks, only the FAILED ones
+        with onlyFailed; 202 with the status, the instances restarted shown RESTARTING."""
+        name = request.match_info["c"]
+        include_tasks, only_failed = _bool(request, "includeTasks"), _bool(request, "onlyFailed")
+        g, c = await self._connector(name)
+        config = shared.config_of(c)
+        if not include_tasks and not only_failed:
+            await self._alter(upserts=(self._spec(name, c.task_count,
+                                                  shared.restart_config(config, c.task_count,
+                                                                        connector=True)),))
+            return web.Response(status=204)
+        st = self.connector_status(g, name)
+        connector = not only_failed or st["connector"]["state"] == "FAILED"
+        tasks = tuple(t["id"] for t in st["tasks"] if include_tasks and (
+            not only_failed or t["state"] == "FAILED"))
+        if connector or tasks:
+            everything = connector and include_tasks and not only_failed
+            new = shared.restart_config(config, c.task_count, connector=connector and not everything,
+                                        tasks=() if everything else tasks, everything=everything)
+            await self._alter(upserts=(self._spec(name, c.task_count, new),))
+        return web.json_response(self.connector_status(g, name, frozenset(tasks), connector),
+                                 status=202)
+
+    async def restart_task(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        _, c = await self._connector(name)
+        task = _task_number(request.match_info["t"])
+        if task >= shared.running_tasks(c):
+            raise RestError(404, f"Task {name}-{task} not found")
+        new = shared.restart_config(shared.config_of(c), c.task_count, tasks=(task,))
+        await self._alter(upserts=(self._spec(name, c.task_count, new),))
+        return web.Response(status=204)
+
+    async def _state(self, request: web.Request, verb: str, status: int) -> web.Response:
+        name = request.match_info["c"]
+        _, c = await self._connector(name)
+        new = shared.state_config(shared.config_of(c), verb)
+        await self._alter(upserts=(self._spec(name, c.task_count, new),))
+        return web.Response(status=status)
+
+    async def pause(self, request: web.Request) -> web.Response:
+        return await self._state(request, "pause", 202)
+
+    async def resume(self, request: web.Request) -> web.Response:
+        return await self._state(request, "resume", 202)
+
+    async def stop(self, request: web.Request) -> web.Response:
+        return await self._state(request, "stop", 204)
+
+    # -- offsets -----------------------------------------------------------------------------
+    async def get_offsets(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        resp = await self._call(ConnectGroupFetchOffsetsRequest(group_id=self.group, connector=name,
+                                                                partitions=None))
+        if resp.error_code in (ErrorCode.RESOURCE_NOT_FOUND, ErrorCode.GROUP_ID_NOT_FOUND):
+            raise RestError(404, f"Connector {name} not found")
+        if resp.error_code:
+            raise RestError(400, f"{error_name(resp.error_code)}: {resp.error_message}")
+        return web.json_response({"offsets": shared.offset_entries(resp.offsets)})
+
+    async def _modify_offsets(self, name: str, pairs: list[tuple[str, str | None]], reset: bool) -> None:
+        _, c = await self._connector(name)
+        if verbs.target_state(shared.config_of(c)) != verbs.STOPPED:
+            raise RestError(400, STOPPED_FOR_OFFSETS.format(name))
+        resp = await self._call(ConnectGroupAlterOffsetsRequest(
+            group_id=self.group, connector=name, reset=reset, validate_only=False,
+            offsets=tuple(_alter_offsets.PartitionOffset(partition=p, offset=o) for p, o in pairs)))
+        if resp.error_code in (ErrorCode.RESOURCE_NOT_FOUND, ErrorCode.GROUP_ID_NOT_FOUND):
+            raise RestError(404, f"Connector {name} not found")
+        if resp.error_code:
+            message = resp.error_message or error_name(resp.error_code)
+            if "STOPPED state" in message:  # (resumed between the check and the write)
+                message = STOPPED_FOR_OFFSETS.format(name)
+            raise RestError(400, message)
+
+    async def alter_offsets(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        body = await _json_body(request)
+        if isinstance(body, dict) and body.get("offsets") in (None, []):
+            raise RestError(400, "The offsets to be modified must not be null or empty")
+        try:
+            pairs = shared.offset_pairs(body, "The request body")
+        except shared.BadOffsets as exc:
+            raise RestError(400, str(exc)) from None
+        await self._modify_offsets(name, pairs, reset=False)
+        return web.json_response({"message": "The offsets for this connector have been altered "
+                                  "successfully"})
+
+    async def reset_offsets(self, request: web.Request) -> web.Response:
+        name = request.match_info["c"]
+        await self._modify_offsets(name, [], reset=True)
+        return web.json_response({"message": "The offsets for this connector have been reset "
+                                  "successfully"})
+
+    # -- plugins -----------------------------------------------------------------------------
+    async def connector_plugins(self, request: web.Request) -> web.Response:
+        """The plugins installed as entry points (``connect_coordinator.plugins``): the ones a
+        ``connector.class`` can name by a short name. Any importable ``module:Class`` works too
+        but cannot be listed."""
+        out = []
+        for ep in sorted(entry_points(group=plugins.ENTRY_POINT_GROUP), key=lambda e: e.name):
+            try:
+                cls = ep.load()
+                kind = getattr(cls, "type", None)
+            except Exception:  # noqa: BLE001 - listed all the same, its type unknown
+                kind = None
+            dist = ep.dist
+            out.append({"class": ep.value, "name": ep.name,
+                        "type": kind if kind in ("source", "sink") else "unknown",
+                        "version": dist.version if dist is not None else "unknown"})
+        return web.json_response(out)
+
+    async def validate(self, request: web.Request) -> web.Response:
+        """Kafka Connect's ``ConfigInfos`` for a config: one entry per key given (and per key
+        the plugin's ``validate`` names), the plugin's messages as its errors. The plugin
+        declares no config definitions, so each ``definition`` is a plain STRING key."""
+        plugin = request.match_info["p"]
+        config = await _json_body(request)
+        if not isinstance(config, dict):
+            raise RestError(400, "The connector configuration must be a JSON object")
+        given = config.get(CONNECTOR_CLASS)
+        if given is not None and given != plugin:
+            raise RestError(400, f"Included connector type {given} does not match request type "
+                            f"{plugin}")
+        text = {k: None if v is None else str(v) for k, v in config.items()}
+        text[CONNECTOR_CLASS] = plugin
+        name = text.pop("name", None) or ""
+        errors = await self._plugin_errors(name, text)
+        configs = []
+        for key in sorted(set(text) | set(errors)):
+            configs.append({
+                "definition": {"name": key, "type": "STRING", "required": False,
+                               "default_value": None, "importance": "MEDIUM", "documentation": "",
+                               "group": None, "order": -1, "width": "NONE", "display_name": key,
+                               "dependents": []},
+                "value": {"name": key, "value": text.get(key), "recommended_values": [],
+                          "errors": errors.get(key, []), "visible": True}})
+        return web.json_response({"name": plugin, "error_count": sum(map(len, errors.values())),
+                                  "groups": [], "configs": configs})
+
+
+def message_of(resp: Any) -> str:
+    text = getattr(resp, "error_message", None)
+    if text is None and getattr(resp, "groups", None):
+        text = resp.groups[0].error_message
+    return text or "no message"
+
+
+class RestServer:
+    """The API on ``host:port`` (TLS when ``ssl_context`` is given), in the running loop."""
+
+    def __init__(self, worker: Any, host: str, port: int, *,
+                 ssl_context: ssl.SSLContext | None = None,
+                 users: Mapping[str, str] | None = None,
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+        self.api = RestApi(worker, request_timeout_s, users)
+        self.host, self.port, self.ssl_context = host, port, ssl_context
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Bind and serve (OSError when the address cannot be bound)."""
+        runner = web.AppRunner(self.api.app(), handle_signals=False, access_log=None,
+                               shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        log.info("rest api listening", listen=f"{self.host}:{self.port}",
+                 tls=self.ssl_context is not None, basic_auth=self.api.users is not None)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
