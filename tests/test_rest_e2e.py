@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from connect_wire.messages import ConnectGroupDescribeRequest
 from coordinator.admin import AdminClient
 from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env
 from tests.test_worker_e2e import PLUGIN, SESSION_MS, _free_port
+from tests.tls_fixture import TlsFiles, tls_ca  # noqa: F401 - a fixture
 
 GROUP = "rest"
 USER, PASSWORD = "admin", "s3cret=ok"  # (a password may contain '=')
@@ -80,7 +82,8 @@ class Workers:
 
 
 def http(method: str, url: str, body: Any = None, auth: tuple[str, str] | None = None,
-         raw: bytes | None = None) -> tuple[int, dict[str, str], Any]:
+         raw: bytes | None = None, context: ssl.SSLContext | None = None
+         ) -> tuple[int, dict[str, str], Any]:
     """(status, headers, JSON body or None) of one request."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     req = urllib.request.Request(url, data=data, method=method)
@@ -89,7 +92,7 @@ def http(method: str, url: str, body: Any = None, auth: tuple[str, str] | None =
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
         req.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=context) as resp:
             status, headers, text = resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as exc:
         status, headers, text = exc.code, dict(exc.headers), exc.read()
@@ -377,6 +380,43 @@ def test_unjoined_worker_is_unhealthy_and_answers_409_past_its_request_timeout(w
         assert status == 409 and body["error_code"] == 409, body
         assert "did not answer within 1 s" in body["message"], body
         assert http("GET", url + "/")[0] == 200  # (needs no coordinator)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, workers.logs()
+
+
+def test_https_with_the_listeners_own_certificate(workers: Workers, tls_ca: TlsFiles) -> None:  # noqa: F811
+    """--rest-ssl-certfile/--rest-ssl-keyfile: HTTPS only (a plain HTTP request gets no answer
+    from it), the advertised URL https://, a client that trusts the CA works as with HTTP."""
+    rest = _free_port()
+    cmd = [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", workers.daemon.bootstrap,
+           "--group", GROUP, "--instance-id", "w3", "--session-timeout-ms", str(SESSION_MS),
+           "--max-delay-ms", "0", "--rest-listen", f"127.0.0.1:{rest}",
+           "--rest-ssl-certfile", str(tls_ca.server.cert), "--rest-ssl-keyfile", str(tls_ca.server.key)]
+    with open(workers.base / "worker-w3.log", "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                env=daemon_env(), cwd=ROOT)
+    try:
+        trusting = ssl.create_default_context(cafile=str(tls_ca.ca.cert))
+        url = f"https://127.0.0.1:{rest}"
+
+        def ready() -> bool:
+            try:
+                return http("GET", url + "/health", context=trusting)[0] == 200
+            except urllib.error.URLError:
+                return False
+
+        until(ready, "w3 healthy over HTTPS", workers)
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            http("GET", f"http://127.0.0.1:{rest}/health")
+        with pytest.raises(urllib.error.URLError):  # (a client that does not trust the CA)
+            http("GET", url + "/health", context=ssl.create_default_context())
+        kc = KafkaConnect(url=url, ssl_verify=str(tls_ca.ca.cert))
+        kc.create_connector(connector(workers, "secure", tasks=1))
+        assert "secure" in kc.list_connectors()
+        members = {m.instance_id: m.worker_url for m in workers.describe().members}
+        assert members["w3"] == url and members["w1"] == workers.urls["w1"]
+        kc.delete_connector("secure")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0, workers.logs()

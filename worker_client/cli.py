@@ -138,6 +138,12 @@ def parser() -> argparse.ArgumentParser:
                       help="this worker's REST URL as others reach it (default: the listener's "
                       "http://HOST:PORT); also the worker URL the group shows unless --worker-url "
                       "is given, and its host:port is the worker_id in statuses")
+    rest.add_argument("--rest-ssl-certfile", metavar="FILE",
+                      help="serve HTTPS with this PEM certificate (chain) and --rest-ssl-keyfile "
+                      "(the listener's own certificate, not the client one of --ssl-certfile)")
+    rest.add_argument("--rest-ssl-keyfile", metavar="FILE",
+                      help="the PEM key of --rest-ssl-certfile (an encrypted key's password: "
+                      "$CONNECT_REST_SSL_KEY_PASSWORD)")
     rest.add_argument("--rest-basic-auth-file", metavar="FILE",
                       help="require HTTP basic authentication on every path: a file of "
                       "user=password lines (Kafka's PropertyFileLoginModule format)")
@@ -153,7 +159,8 @@ def _rest_url(args: argparse.Namespace) -> str | None:
         return str(args.rest_advertised_url)
     if args.rest_listen:
         host, port = args.rest_listen
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        scheme = "https" if args.rest_ssl_certfile else "http"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
     return None
 
 
@@ -211,8 +218,21 @@ async def _run(args: argparse.Namespace) -> int:
             except (OSError, ValueError) as exc:
                 logs.exit_line(f"connect-worker: --rest-basic-auth-file: {exc}")
                 return 2
+        context = None
+        if bool(args.rest_ssl_certfile) != bool(args.rest_ssl_keyfile):
+            logs.exit_line("connect-worker: --rest-ssl-certfile and --rest-ssl-keyfile go together")
+            return 2
+        if args.rest_ssl_certfile:
+            import ssl
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                context.load_cert_chain(args.rest_ssl_certfile, args.rest_ssl_keyfile,
+                                        password=os.environ.get("CONNECT_REST_SSL_KEY_PASSWORD"))
+            except (OSError, ssl.SSLError) as exc:
+                logs.exit_line(f"connect-worker: --rest-ssl-certfile/--rest-ssl-keyfile: {exc}")
+                return 2
         host, port = args.rest_listen
-        rest = RestServer(worker, host, port, users=users,
+        rest = RestServer(worker, host, port, users=users, ssl_context=context,
                           request_timeout_s=args.rest_request_timeout_ms / 1000)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
