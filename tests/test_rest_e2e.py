@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -420,3 +421,24 @@ def test_https_with_the_listeners_own_certificate(workers: Workers, tls_ca: TlsF
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0, workers.logs()
+
+
+def test_rest_settings_that_cannot_be_used_exit_2_with_one_line(workers: Workers, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.properties"
+    empty.write_text("# nobody\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for extra, expect in (
+                ([f"127.0.0.1:{port}"], f"cannot serve the REST API on 127.0.0.1:{port} (--rest-listen)"),
+                ([f"127.0.0.1:{_free_port()}", "--rest-basic-auth-file", str(empty)],
+                 "--rest-basic-auth-file: "),
+                ([f"127.0.0.1:{_free_port()}", "--rest-ssl-certfile", str(empty)],
+                 "--rest-ssl-certfile and --rest-ssl-keyfile go together")):
+            r = subprocess.run([sys.executable, "-m", "worker_client.cli", "run", "--bootstrap",
+                                workers.daemon.bootstrap, "--group", "rest-bad", "--rest-listen", *extra],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               env=daemon_env(), cwd=ROOT, timeout=60)
+            assert r.returncode == 2, (extra, r.stderr)
+            assert expect in r.stderr.strip().splitlines()[-1], (extra, r.stderr)

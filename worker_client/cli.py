@@ -239,8 +239,9 @@ async def _run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stopping.set)
-    runner = asyncio.create_task(worker.run())
     if rest is not None:
+        # Bound before the worker joins (a busy port ends it with nothing joined); /health
+        # answers 503 until the membership has joined.
         try:
             await rest.start()
         except OSError as exc:  # a busy port: one line naming it, not a traceback
@@ -248,10 +249,8 @@ async def _run(args: argparse.Namespace) -> int:
             where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             logs.exit_line(f"connect-worker: cannot serve the REST API on {where} (--rest-listen): "
                            f"{exc.strerror or exc}")
-            await worker.stop(static=False)
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(runner, 5)
             return 2
+    runner = asyncio.create_task(worker.run())
     try:
         return await _work(args, worker, runner, stopping)
     finally:
