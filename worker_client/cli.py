@@ -6,6 +6,9 @@
 SIGTERM or SIGINT stop the work and leave the group (-1; with --instance-id, -2: a planned
 restart keeps the work held for this instance until its session expires; --leave forces -1).
 
+With --rest-listen HOST:PORT the worker also serves Kafka Connect's REST API for its group
+(worker_client.rest, docs/rest.md).
+
 Security: Kafka's client settings (security.protocol, sasl.mechanism,
 sasl.username, the password from --sasl-password-file or $CONNECT_SASL_PASSWORD, ssl.cafile,
 ssl.certfile/ssl.keyfile, ssl.check.hostname) from --client-config FILE (.properties or .toml)
