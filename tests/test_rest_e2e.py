@@ -301,6 +301,7 @@ def test_status_codes_and_error_bodies(workers: Workers) -> None:
     for method, path in (("GET", "/connectors/nope"), ("GET", "/connectors/nope/status"),
                          ("DELETE", "/connectors/nope"), ("PUT", "/connectors/nope/pause"),
                          ("GET", "/connectors/nope/offsets"), ("POST", "/connectors/nope/restart"),
+                         ("PATCH", "/connectors/nope/config"), ("GET", "/connectors/nope/tasks"),
                          ("GET", "/connectors/codes/tasks/5/status"),
                          ("POST", "/connectors/codes/tasks/5/restart"),
                          ("GET", "/connectors/codes/tasks/x/status"), ("GET", "/no/such/path")):

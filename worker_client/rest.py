@@ -452,10 +452,10 @@ class RestApi:
 
     async def patch_config(self, request: web.Request) -> web.Response:
         name = request.match_info["c"]
+        _, old = await self._connector(name)
         patch = await _json_body(request)
         if not isinstance(patch, dict):
             raise RestError(400, "The connector configuration patch must be a JSON object")
-        _, old = await self._connector(name)
         merged: dict[str, Any] = self.rest_config(old)
         for key, value in patch.items():
             if value is None:
