@@ -72,7 +72,14 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("traced", "boolean"),  # events of this run are in events/
     ("trace_events", "int"),  # events the traced run produced (before the cap)
     ("trace_consistent", "boolean"),  # traced rerun gave the same metrics (null: not traced)
+    # From the run's RunResult.extra (null if the run raised): faults injected, the instances'
+    # offset commits as the coordinator answered them, the fencing tokens' grants and the
+    # modelled resources' writes (accepted, refused by the token), self-fences and fail-stops.
+    *((name, "bigint") for name in (
+        "faults", "grants", "commits_accepted", "commits_refused", "fetches_checked",
+        "writes_accepted", "writes_refused", "self_fences", "fail_stops")),
 )
+RUN_EXTRA = tuple(name for name, _ in EXTRA_COLUMNS[4:])
 EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("seq", "int"),  # index of the event in the run's trace (gaps where the cap cut)
     ("t_ms", "bigint"),
@@ -193,6 +200,7 @@ def _cap_events(events: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
 def _error_row(key: tuple[Any, ...], exc: BaseException) -> dict[str, Any]:
     row: dict[str, Any] = {name: None for name, _ in METRIC_COLUMNS}
     row.update(zip(KEY_COLUMNS, key, strict=True))
+    row.update(dict.fromkeys(RUN_EXTRA))
     row["converged"] = False
     row["violation"] = ""
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
@@ -244,8 +252,11 @@ def simulate_rows(
         key = (scenario, assignor, workers, tasks, seed)
         try:
             with _time_limit(config.run_timeout_s):
-                metrics = dict(run_fn(scenario, assignor, workers, tasks, seed).metrics)
+                result = run_fn(scenario, assignor, workers, tasks, seed)
+                metrics = dict(result.metrics)
             row = {name: metrics.get(name) for name, _ in METRIC_COLUMNS}
+            extra = getattr(result, "extra", None) or {}
+            row.update({name: extra.get(name) for name in RUN_EXTRA})
             row["error"] = ""
         except (Exception, RunTimeout) as exc:  # a crash or hang of the simulator is a finding
             metrics = None
@@ -451,6 +462,15 @@ SELECT scenario, assignor, workers, tasks,
   sum(CASE WHEN violation <> '' THEN 1 ELSE 0 END) AS violations,
   slice(array_sort(collect_list(CASE WHEN violation <> '' OR error <> '' THEN seed END)), 1, 20)
     AS violation_seeds,
+  sum(faults) AS faults_total,
+  sum(grants) AS grants_total,
+  sum(commits_accepted) AS commits_accepted_total,
+  sum(commits_refused) AS commits_refused_total,
+  sum(fetches_checked) AS fetches_checked_total,
+  sum(writes_accepted) AS writes_accepted_total,
+  sum(writes_refused) AS writes_refused_total,
+  sum(self_fences) AS self_fences_total,
+  sum(fail_stops) AS fail_stops_total,
   avg(messages) AS messages_mean,
   avg(sim_ms) AS sim_ms_mean,
   avg(wall_ms) AS wall_ms_mean,
