@@ -43,10 +43,12 @@ from connect_wire.errors import ErrorCode as E
 from connect_wire.items import CONNECTOR, Item
 from connect_wire.messages import ConnectGroupAlterConnectorsRequest
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
+from coordinator.group.coordinator import GroupCoordinator
+from coordinator.group.model import CurrentAssignment
 
 from .common import GROUP, INF, WATCHDOG_MS
 from .faults import Faults
-from .invariants import Invariants, ItemStat, Overlap, Run
+from .invariants import Invariants, ItemStat, Ledger, Overlap, Run
 from .network import Conn, Network, Pending
 from .nodes import Cluster, CoordinatorNode, Store
 from .scenarios import Fault, Scenario
@@ -96,8 +98,18 @@ class Simulation(Network, Cluster, Invariants, Faults):
         reshuffles nothing else."""
         self.rng_nodes = random.Random(f"{seed}/nodes")
         """Several coordinator nodes: etcd latencies, the next owner, the bootstrap order."""
+        self.rng_offsets = random.Random(f"{seed}/offsets")
+        """The instances' work: intervals, writes in flight, commit retries."""
+        if scenario.offset_commits and not hasattr(GroupCoordinator, "commit_offsets"):
+            self.scenario = scenario = scenario.with_(offset_commits=False)  # (a core without offsets)
+        self.ledger = Ledger(tokens=hasattr(CurrentAssignment, "tokens"))
+        """Ownership, fencing tokens and acknowledged offsets, as the simulator sees them."""
+        self.commit_counts: dict[str, int] = dict.fromkeys(
+            ("sent", "acknowledged", "retried", "retried_stale"), 0)
+        """The workers' side of their commits (``fenced_<ERROR>``: FencedError raised)."""
         self.fail_stops = 0
         self.self_fences = 0
+        self.faults_injected = 0
         self._ids = 0
         self._cids = 0
         self.violation = ""
@@ -385,6 +397,9 @@ class Simulation(Network, Cluster, Invariants, Faults):
             "coordinator_batches": sum(c.batches for c in self.instances),
             "phase_start_ms": self.phase_start,
             "faults_end_ms": self.faults_end if self.faults_end < INF else -1,
+            "faults": self.faults_injected,
+            **self.ledger.counts,
+            **{f"commits_{k}": v for k, v in sorted(self.commit_counts.items())},
         }
         return RunResult(metrics, self.events, extra)
 

@@ -31,6 +31,7 @@ class Faults:
 
     def inject(self, fault: Fault) -> None:
         kind = fault.kind
+        self.faults_injected += 1
         self.trace("fault", self.workers[fault.slot].name if 0 <= fault.slot < len(self.workers) else "",
                    detail=f"{kind} {fault.duration_ms} ms {fault.detail}".strip())
         if kind == "coordinator_restart":

@@ -12,11 +12,13 @@
 
 from __future__ import annotations
 
+import json
 from collections import deque
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from connect_wire.items import Item
-from connect_wire.records import GroupConnectorsKey
+from connect_wire.items import Item, items_from_wire
+from connect_wire.messages import ConnectGroupCommitOffsetsRequest, ConnectGroupFetchOffsetsRequest
+from connect_wire.records import CurrentMemberAssignmentKey, GroupConnectorsKey, GroupMemberKey
 from coordinator.group.coordinator import GroupCoordinator
 from coordinator.group.invariants import InvariantViolation, check_invariants, epochs
 from coordinator.group.model import GroupState
@@ -60,23 +62,40 @@ class CheckedNode(Protocol):
     core: GroupCoordinator
     epochs: dict[str, Any]
 
+    def fetch(self, connector: str, partitions: list[str]) -> list[tuple[str, str | None]]: ...
+
 
 # == bookkeeping of running items ====================================================================
 
 
 class Run:
     """One item on one worker process: running from ``start`` (its start began) until ``end``
-    (its stop completed); *up* (doing work) from ``up_at`` until ``stop_begin``."""
+    (its stop completed); *up* (doing work) from ``up_at`` until ``stop_begin``.
 
-    __slots__ = ("item", "worker", "start", "up_at", "stop_begin", "end")
+    Its work (:mod:`simulation.worker_model`): ``token`` is the fencing token the worker was
+    given for the item (None: the coordinator gave none), ``pos`` the position it has reached
+    (resumed from the committed offset once ``ready``), ``committed`` the last position the
+    coordinator acknowledged to it; ``fenced`` once a commit raised FencedError or the resource
+    refused its token (the task's loop ends)."""
 
-    def __init__(self, item: Item, worker: WatchedWorker, start: int, up_at: int) -> None:
+    __slots__ = ("item", "worker", "start", "up_at", "stop_begin", "end", "token", "member", "pos",
+                 "committed", "ready", "fenced", "committing")
+
+    def __init__(self, item: Item, worker: WatchedWorker, start: int, up_at: int,
+                 token: int | None = None, member: str = "") -> None:
         self.item = item
         self.worker = worker
         self.start = start
         self.up_at = up_at
         self.stop_begin: int | None = None
         self.end: int | None = None
+        self.token = token
+        self.member = member
+        self.pos = 0
+        self.committed = 0
+        self.ready = False
+        self.fenced = False
+        self.committing = False
 
 
 class Overlap:
@@ -99,6 +118,189 @@ class ItemStat:
     def __init__(self, down_since: int | None) -> None:
         self.down_since = down_since
         self.ups: list[Run] = []
+
+
+# == offsets and fencing tokens: the simulator's own ledger ==========================================
+
+
+def partition_key(item: Item) -> str:
+    """The source partition a simulated instance commits: one per item, in canonical JSON (sorted
+    keys, no spaces), as the wire wants it."""
+    return canonical({"task": item.task})
+
+
+def canonical(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Grant(NamedTuple):
+    """One grant of an item to a member (the item entered the member's owned set), in the order
+    the grants became durable (``seq``), with the fencing token it carried."""
+
+    seq: int
+    member: str
+    item: Item
+    token: int
+    at: int
+
+
+class Ledger:
+    """The simulator's own account of who owns what, which fencing tokens were given and which
+    offsets were acknowledged, and the checks against it. Pure: fed the records the
+    coordinator made durable (:meth:`records`, in the order it committed them), the commits it
+    applied and the fetches it answered (:meth:`commit`, :meth:`fetched`, at their place in
+    that order) and the modelled resources' writes (:meth:`write`). Each call returns the
+    violations it found (an empty list: none), so it can be tested on hand-made traces.
+
+    * **(a) An accepted commit came from the item's owner**: when the coordinator applied a
+      commit, its member exists (a GroupMember record), its current assignment (the last
+      CurrentMemberAssignment record, not a hold) is at the commit's epoch and owns the item
+      (assigned or revoking) -- in this ledger, not in the coordinator's answer.
+    * **(b) Fencing tokens strictly increase per item**: each grant's token is higher than any
+      token the item was given before (another member, the same one after the item left its owned
+      set, a static member's new process, after a reload or another node's load, after the
+      connector was deleted and created again); a member keeps its grant's token while the item
+      stays owned. And a modelled resource (one per item, refusing a token lower than the highest
+      it recorded) never accepts a write of an older grant after a newer grant's write.
+    * **(c) No acknowledged commit is lost**: what the coordinator applied (and made durable) is
+      what a later fetch returns, unless a later applied commit, or the connector's deletion (a
+      new incarnation), changed it.
+    """
+
+    def __init__(self, tokens: bool = True) -> None:
+        self.tokens = tokens
+        """Check that every owned item has a token (the coordinator gives them)."""
+        self.members: set[str] = set()
+        self.current: dict[str, tuple[int, frozenset[Item], dict[Item, int]]] = {}
+        self.grants: dict[tuple[Item, int], Grant] = {}
+        self.top: dict[Item, Grant] = {}
+        self.seq = 0
+        self.incarnations: dict[str, int] = {}
+        self.offsets: dict[tuple[str, str], str] = {}
+        self.resources: dict[Item, tuple[int, Grant]] = {}
+        self.counts = dict.fromkeys(("grants", "commits_accepted", "commits_refused",
+                                     "fetches_checked", "writes_accepted", "writes_refused"), 0)
+
+    # -- what the coordinator made durable ---------------------------------------------------------
+    def records(self, records: list[Any], now: int) -> list[str]:
+        out: list[str] = []
+        for record in records:
+            key, value = record.key, record.value
+            t = type(key)
+            if t is GroupMemberKey:
+                if value is None:
+                    self.members.discard(key.member_id)
+                else:
+                    self.members.add(key.member_id)
+            elif t is CurrentMemberAssignmentKey:
+                self._assignment(key.member_id, value, now, out)
+            elif t is GroupConnectorsKey:
+                live = {} if value is None else {c.name: c.incarnation for c in value.connectors}
+                gone = {c for c, inc in self.incarnations.items() if live.get(c) != inc}
+                if gone:  # deleted (or created again): its offsets went with it
+                    self.offsets = {k: v for k, v in self.offsets.items() if k[0] not in gone}
+                self.incarnations = live
+        return out
+
+    def _assignment(self, member: str, value: Any, now: int, out: list[str]) -> None:
+        if value is None:
+            self.current.pop(member, None)
+            return
+        owned = (items_from_wire(value.connectors, value.tasks)
+                 | items_from_wire(value.revoking_connectors, value.revoking_tasks))
+        tokens = {Item(t.connector, t.task): t.token for t in value.fencing_tokens}
+        before = self.current.get(member)
+        kept = before[2] if before is not None else {}
+        for item in sorted(owned):
+            token = tokens.get(item)
+            if token is None:
+                if self.tokens:
+                    out.append(f"{member} owns {item} without a fencing token (t={now})")
+                continue
+            if kept.get(item) == token:
+                continue  # the same grant, still owned
+            top = self.top.get(item)
+            if top is not None and token <= top.token:
+                out.append(f"fencing token of {item} did not increase: {member} was granted "
+                           f"{token} at t={now}, {top.member} was granted {top.token} at t={top.at}")
+            self.seq += 1
+            grant = Grant(self.seq, member, item, token, now)
+            self.counts["grants"] += 1
+            self.grants.setdefault((item, token), grant)
+            if top is None or token > top.token:
+                self.top[item] = grant
+        self.current[member] = (value.member_epoch, owned, {i: t for i, t in tokens.items() if i in owned})
+
+    # -- what the coordinator applied and answered ---------------------------------------------------
+    def commit(self, member: str, epoch: int, item: Item, offsets: list[tuple[str, str | None]],
+               now: int) -> list[str]:
+        """The coordinator applied (durably) a commit of ``offsets`` by ``member`` at ``epoch``
+        for ``item``: it must own it, at that epoch, here and now."""
+        out: list[str] = []
+        cur = self.current.get(member)
+        if member not in self.members:
+            out.append(f"a commit for {item} by {member} (epoch {epoch}) was accepted at t={now}, "
+                       "but it is not a member")
+        elif cur is None or cur[0] != epoch:
+            out.append(f"a commit for {item} by {member} at epoch {epoch} was accepted at t={now}, "
+                       f"but its epoch is {cur[0] if cur is not None else 'unknown'}")
+        elif item not in cur[1]:
+            owner = next((m for m, c in sorted(self.current.items()) if item in c[1]), None)
+            out.append(f"a commit for {item} by {member} (epoch {epoch}) was accepted at t={now}, "
+                       f"but {owner or 'nobody'} owns it")
+        self.counts["commits_accepted"] += 1
+        for partition, offset in offsets:
+            if offset is None:
+                self.offsets.pop((item.connector, partition), None)
+            else:
+                self.offsets[(item.connector, partition)] = offset
+        return out
+
+    def fetched(self, connector: str, offsets: list[tuple[str, str | None]], now: int,
+                where: str = "a fetch") -> list[str]:
+        """The coordinator answered ``offsets`` of ``connector``: each must be what it
+        acknowledged last."""
+        out: list[str] = []
+        self.counts["fetches_checked"] += 1
+        for partition, offset in offsets:
+            want = self.offsets.get((connector, partition))
+            if offset != want:
+                out.append(f"acknowledged commit lost: {where} of {connector} {partition} at t={now} "
+                           f"returned {offset}, the coordinator acknowledged {want}")
+        return out
+
+    def expected(self) -> dict[str, list[str]]:
+        """The partitions of each connector with an acknowledged offset (to fetch after a load)."""
+        out: dict[str, list[str]] = {}
+        for connector, partition in sorted(self.offsets):
+            out.setdefault(connector, []).append(partition)
+        return out
+
+    # -- the modelled resources ----------------------------------------------------------------------
+    def write(self, item: Item, token: int, member: str, now: int) -> tuple[bool, list[str]]:
+        """A write to ``item``'s resource with ``token`` (what worker_client/fencing.py does:
+        refused if a higher token was recorded, else the token is recorded with the write).
+        Returns whether it was accepted, and the violations."""
+        out: list[str] = []
+        grant = self.grants.get((item, token))
+        if grant is None:
+            out.append(f"a write to {item}'s resource by {member} at t={now} carries token {token}, "
+                       "which no grant of the item had")
+        res = self.resources.get(item)
+        if res is not None and token < res[0]:
+            self.counts["writes_refused"] += 1
+            return False, out
+        self.counts["writes_accepted"] += 1
+        if grant is not None:
+            last = res[1] if res is not None else None
+            if last is not None and grant.seq < last.seq:
+                out.append(f"{item}'s resource accepted a write of an older grant ({grant.member}, token "
+                           f"{token}, granted at t={grant.at}) at t={now}, after a write of a newer "
+                           f"one ({last.member}, token {last.token}, granted at t={last.at})")
+            if last is None or grant.seq > last.seq:
+                last = grant
+            self.resources[item] = (max(token, res[0]) if res is not None else token, last)
+        return True, out
 
 
 # == the checks, as a part of Simulation ========================================================
@@ -200,6 +402,8 @@ class Invariants:
                      f"(e.g. {type(example).__name__} {getattr(example, 'member_id', '')})")
 
     def on_records(self, records: list[Any]) -> None:
+        for message in self.ledger.records(records, self.now):
+            self.violate(message)
         if not any(type(r.key) is GroupConnectorsKey for r in records):
             return
         g = self.coord.core.group(GROUP)
@@ -216,6 +420,44 @@ class Invariants:
                 self._outage(stat.down_since, now)
         self.configured = set(g.configured)
 
+
+    # -- offsets and fencing tokens (the ledger) -------------------------------------------------------
+    def on_commit(self, req: Any, resp: Any) -> None:
+        """The coordinator made a batch durable holding this commit's or fetch's answer (in
+        the order it handled them): check an applied commit's owner, a fetch's offsets."""
+        if type(req) is ConnectGroupCommitOffsetsRequest:
+            if resp.error_code:
+                self.ledger.counts["commits_refused"] += 1
+            else:
+                found = self.ledger.commit(req.member_id, req.member_epoch, Item(req.connector, req.task),
+                                           [(o.partition, o.offset) for o in req.offsets], self.now)
+                for message in found:
+                    self.violate(message)
+        elif type(req) is ConnectGroupFetchOffsetsRequest and resp.error_code == 0:
+            for message in self.ledger.fetched(req.connector, [(o.partition, o.offset) for o in resp.offsets],
+                                               self.now):
+                self.violate(message)
+
+    def check_offsets(self, node: CheckedNode, where: str) -> None:
+        """After a load: every acknowledged offset is what the loaded coordinator's fetch returns."""
+        for connector, partitions in self.ledger.expected().items():
+            for message in self.ledger.fetched(connector, node.fetch(connector, partitions), self.now,
+                                               f"the fetch after {where}"):
+                self.violate(message)
+                return
+
+    def resource_write(self, run: Run, member: str) -> bool:
+        """A write of ``run`` lands at its item's resource with its token: refused if a higher
+        token was recorded there. Returns whether the resource accepted it."""
+        if run.token is None:
+            return True
+        ok, found = self.ledger.write(run.item, run.token, member, self.now)
+        for message in found:
+            self.violate(message)
+        if not ok:
+            self.trace("write_refused", run.worker.name, str(run.item),
+                       detail=f"token {run.token} is lower than the resource's")
+        return ok
 
     # -- invariants -----------------------------------------------------------------------------------------
     def check_coordinator(self, node: CheckedNode, wrote: bool) -> None:

@@ -27,6 +27,10 @@ from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
     ConnectGroupAlterConnectorsResponse,
+    ConnectGroupCommitOffsetsRequest,
+    ConnectGroupCommitOffsetsResponse,
+    ConnectGroupFetchOffsetsRequest,
+    ConnectGroupFetchOffsetsResponse,
     ConnectGroupHeartbeatRequest,
     ConnectGroupHeartbeatResponse,
     ConnectGroupInstallAssignmentRequest,
@@ -39,7 +43,7 @@ from coordinator.group.coordinator import GroupCoordinator, Result
 from coordinator.group.invariants import check_invariants, epochs
 from coordinator.runtime.shard import MAX_DRAIN, Shard
 
-from .common import INF
+from .common import GROUP, INF
 from .network import Conn, Pending
 from .scenarios import Scenario
 
@@ -129,6 +133,8 @@ class NodeHost(Protocol):
     def check_coordinator(self, node: CoordinatorNode, wrote: bool) -> None: ...
     def check_store(self, where: str) -> None: ...
     def on_records(self, records: list[Any]) -> None: ...
+    def on_commit(self, req: Any, resp: Any) -> None: ...
+    def check_offsets(self, node: CoordinatorNode, where: str) -> None: ...
 
 
 class CoordinatorNode:
@@ -345,6 +351,10 @@ class CoordinatorNode:
                     result = self.core.prepare_assignment(req, now)
                 elif isinstance(req, ConnectGroupInstallAssignmentRequest):
                     result = self.core.install_assignment(req, now)
+                elif isinstance(req, ConnectGroupCommitOffsetsRequest):
+                    result = self.core.commit_offsets(req, now)
+                elif isinstance(req, ConnectGroupFetchOffsetsRequest):
+                    result = _as_result(self.core.fetch_offsets(req))
                 elif isinstance(req, ConnectGroupAlterConnectorsRequest):
                     result = self.core.alter_connectors(req, now)
                 else:  # pragma: no cover - the simulation sends nothing else
@@ -433,6 +443,8 @@ class CoordinatorNode:
             kind = ev[0]
             if kind == "req":
                 req = ev[2].request
+                if self is sim.coord and isinstance(req, OFFSET_REQUESTS):
+                    sim.on_commit(req, result.response)
                 if isinstance(req, ConnectGroupHeartbeatRequest) and answering:
                     self._heartbeat_committed(ev[1], ev[2], result.response)
                 else:
@@ -605,10 +617,21 @@ class CoordinatorNode:
             sim.violate(f"state replayed from the log breaks invariants: {exc}")
             return
         sim.check_store(f"{self.node} loading")
+        sim.check_offsets(self, f"{self.node}'s load" if sim.multi else "the restart")
         self.epochs = epochs(self.core.state)
         sim.trace("coordinator_loading", detail=(f"{self.node}: " if sim.multi else "")
                   + f"{len(sim.store.log)} records")
         self.at(sim.now + sim.sample(sim.rng_coord, sim.scenario.load_ms), self._loaded, self.inc)
+
+    def fetch(self, connector: str, partitions: list[str]) -> list[tuple[str, str | None]]:
+        """What ConnectGroupFetchOffsets answers now for ``partitions`` of ``connector`` (a read:
+        the checks ask it after a load)."""
+        req = ConnectGroupFetchOffsetsRequest(group_id=GROUP, connector=connector,
+                                              partitions=tuple(partitions))
+        resp = _as_result(self.core.fetch_offsets(req)).response
+        if resp.error_code:
+            return [(p, f"<error {resp.error_code}>") for p in partitions]
+        return [(o.partition, o.offset) for o in resp.offsets]
 
     def _loaded(self, inc: int) -> None:
         if inc != self.inc or not self.owner:
@@ -617,6 +640,15 @@ class CoordinatorNode:
         self.queue.appendleft(("loaded",))
         self.sim.trace("coordinator_loaded", detail=self.node if self.sim.multi else "")
         self.kick()
+
+
+OFFSET_REQUESTS = (ConnectGroupCommitOffsetsRequest, ConnectGroupFetchOffsetsRequest)
+
+
+def _as_result(answer: Any) -> Result:
+    """A read handler's answer as a Result (a handler that writes nothing may return the bare
+    response)."""
+    return answer if isinstance(answer, Result) else Result(response=answer)
 
 
 def error_response(req: Any, code: int, now: int) -> Any:
@@ -631,6 +663,10 @@ def error_response(req: Any, code: int, now: int) -> Any:
             assignor_name="", coordinator_time_ms=now, assignor_state=b"")
     if isinstance(req, ConnectGroupInstallAssignmentRequest):
         return ConnectGroupInstallAssignmentResponse(error_code=code, error_message=None)
+    if isinstance(req, ConnectGroupCommitOffsetsRequest):
+        return ConnectGroupCommitOffsetsResponse(error_code=code, error_message=None)
+    if isinstance(req, ConnectGroupFetchOffsetsRequest):
+        return ConnectGroupFetchOffsetsResponse(error_code=code, error_message=None, offsets=())
     return ConnectGroupAlterConnectorsResponse(error_code=code, error_message=None, group_epoch=-1)
 
 

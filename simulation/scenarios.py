@@ -87,6 +87,15 @@ class Scenario:
     """The worker retries a failed heartbeat (or a retriable error) after at most a quarter of
     what is left of its lease (Worker._retry_delay_ms, ff1e79c); False: the plain backoff, as
     before (what-if)."""
+    offset_commits: bool = True
+    """The instances do work (the worker model's ``_tick``): each, once up, fetches its partition's
+    committed offset, then every ``work_ms`` advances its position, writes to its item's resource
+    with its fencing token and commits the position through the coordinator; its stop() commits
+    its last position. Off: instances only run (the model before offsets)."""
+    work_ms: Range = (1_000, 4_000)
+    write_ms: Range = (5, 250)
+    """How long a write to a resource takes (a transaction: the token is checked and recorded
+    when it commits, at its end; a process frozen meanwhile commits it when it wakes)."""
     # -- faults -----------------------------------------------------------------------------------------
     window_ms: int = 30_000
     """Faults start within [0, window_ms) of the fault phase (a rolling bounce runs until done)."""

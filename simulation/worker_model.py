@@ -13,6 +13,7 @@ restarted 1-5 s later.
 
 from __future__ import annotations
 
+import json
 import random
 from collections import deque
 from collections.abc import Callable
@@ -20,7 +21,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from connect_wire.errors import ErrorCode as E
 from connect_wire.items import Item
-from connect_wire.messages import ConnectGroupPrepareAssignmentRequest
+from connect_wire.messages import (
+    ConnectGroupCommitOffsetsRequest,
+    ConnectGroupFetchOffsetsRequest,
+    ConnectGroupPrepareAssignmentRequest,
+)
+from connect_wire.messages import connect_group_commit_offsets_request_v0 as _commit
 from worker_client.assignors import (
     EagerAssignor,
     IncrementalCooperativeAssignor,
@@ -31,7 +37,7 @@ from worker_client.membership import RETRY as MEMBERSHIP_RETRY
 from worker_client.membership import Assign, AssignorAd, Compute, Fatal, Lost, Membership, Revoke, State
 
 from .common import GROUP, INF, WATCHDOG_MS
-from .invariants import Run
+from .invariants import Run, canonical, partition_key
 from .network import Conn, Pending
 from .scenarios import Scenario
 
@@ -39,6 +45,12 @@ RETRY_COORDINATOR = (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE)
 LEAVE_RETRY = (E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS, E.NOT_COORDINATOR)
 STOP_POLL_MS = 20
 """worker.stop() polls every 20 ms for the drain to finish."""
+FENCED = (E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID, E.ITEM_NOT_OWNED)
+"""A commit refused with these raises FencedError in the task (so does a STALE_MEMBER_EPOCH the
+worker's own epoch does not overtake while it still owns the item)."""
+STALE_POLL_MS = 100
+"""A commit refused STALE_MEMBER_EPOCH waits for the worker's heartbeat to bring a newer epoch:
+looked at this often, for at most a session."""
 
 
 @runtime_checkable
@@ -54,6 +66,8 @@ class WorkerHost(Protocol):
     rng_work: random.Random
     rng_client: random.Random
     rng_supervisor: random.Random
+    rng_offsets: random.Random
+    commit_counts: dict[str, int]
     computations: int
     fail_stops: int
     self_fences: int
@@ -72,6 +86,7 @@ class WorkerHost(Protocol):
     def run_started(self, run: Run) -> None: ...
     def run_stopped(self, run: Run, stop_begin: int, end: int) -> None: ...
     def after_resume(self, w: SimWorker) -> None: ...
+    def resource_write(self, run: Run, member: str) -> bool: ...
     def worker_settled(self, w: SimWorker) -> None: ...
 
 
@@ -149,6 +164,9 @@ class SimWorker:
         self.backstop_at: int | None = None
         self.zombie_limit = INF  # after a pause: the excuse of its overlaps ends here
         self.lost_gen = 0  # worker._lost_gen: bumped when the watchdog fences; a fetch begun before is stale
+        self.tokens: dict[Item, int] = {}
+        """The fencing token of each item, from the heartbeat answers' assignments (the context's
+        ``fencing_token``)."""
 
     # -- events of this process: dropped after it ends, deferred while it is paused ----------------------
     def at(self, t: int, fn: Callable[..., None], *args: Any, io: bool = False) -> None:
@@ -196,6 +214,7 @@ class SimWorker:
         self.pause_began = -1
         self.pause_lease_expired = False
         self.backstop_at = None
+        self.tokens = {}
         self.assignor = (EagerAssignor() if sim.assignor == "eager"
                          else IncrementalCooperativeAssignor(max_delay_ms=sc.max_delay_ms))
         meta = self.assignor.metadata()
@@ -491,6 +510,9 @@ class SimWorker:
         m = self.m
         before = m.member_epoch
         actions = m.on_response(resp, sim.now)
+        if resp.error_code == 0 and resp.assignment is not None:
+            for t in resp.assignment.fencing_tokens:
+                self.tokens[Item(t.connector, t.task)] = t.token
         if resp.error_code == 0:
             self.arm_watchdog()
             self.arm_backstop()
@@ -669,9 +691,12 @@ class SimWorker:
         for item in sorted(items):
             if item in self.runs:
                 continue
-            run = Run(item, self, now, now + lo + int(span * rng.random() ** 2))
+            run = Run(item, self, now, now + lo + int(span * rng.random() ** 2),
+                      self.tokens.get(item), self.m.member_id)
             self.runs[item] = run
             sim.run_started(run)
+            if sim.scenario.offset_commits:
+                self.at(run.up_at, self._work_begin, run)
         if items and self.backstop_at is None:
             self._check_backstop()  # the guard watches whatever runs, even started late
 
@@ -730,6 +755,8 @@ class SimWorker:
                     done = now + deadline
             sim.run_stopped(run, now, end)
             self.stopping[item] = run
+            if run.ready and not run.fenced:  # the plugin's stop() commits its last position
+                self._commit(run, run.pos, False)
         if abandoned:
             why = {"hanging_stop": "stop() did not return", "ignores_cancel":
                    "run() ignored the cancellation"}.get(mode, "stop() overran the budget")
@@ -738,6 +765,124 @@ class SimWorker:
                     f"{abandoned[0]}{more} not stopped within {deadline} ms of its stop "
                     f"(t={now}): {why}")
         return done
+
+    # -- the instances' work: offsets and the resource ---------------------------------------------
+    # Each instance, once up, fetches its partition's committed offset and resumes from it; then,
+    # every ``work_ms``, it advances its position, writes to its item's resource with its fencing
+    # token (the write lands ``write_ms`` later, whatever happens to the process meanwhile: a
+    # write in flight) and commits the position (awaited: one commit in flight); its stop()
+    # commits its last position. A FencedError (or a write refused by the token) ends its loop.
+    def _working(self, run: Run) -> bool:
+        return self.runs.get(run.item) is run and not run.fenced
+
+    def _work_retry(self, run: Run, fn: Callable[[Run], None]) -> None:
+        if self._working(run):
+            self.at(self.sim.now + int(self.sim.rng_offsets.uniform(50, 1_000)), fn, run)
+
+    def _work_begin(self, run: Run) -> None:
+        if not self._working(run):
+            return
+        item = run.item
+        req = ConnectGroupFetchOffsetsRequest(group_id=GROUP, connector=item.connector,
+                                              partitions=(partition_key(item),))
+        self.send("ctl", req, lambda resp: self._fetched(run, resp),
+                  lambda why: self._work_retry(run, self._work_begin))
+
+    def _fetched(self, run: Run, resp: Any) -> None:
+        if not self._working(run):
+            return
+        sim = self.sim
+        if resp.error_code:
+            if resp.error_code in RETRY_COORDINATOR:
+                self.invalidate()
+            self._work_retry(run, self._work_begin)
+            return
+        offset = resp.offsets[0].offset if resp.offsets else None
+        run.pos = run.committed = json.loads(offset)["pos"] if offset else 0
+        run.ready = True
+        sim.trace("offset_fetched", self.name, str(run.item), detail=f"resumes at {run.pos}")
+        self.at(sim.now + sim.sample(sim.rng_offsets, sim.scenario.work_ms), self._tick, run)
+
+    def _tick(self, run: Run) -> None:
+        if not self._working(run):
+            return
+        sim = self.sim
+        run.pos += 1
+        self.at(sim.now + sim.sample(sim.rng_offsets, sim.scenario.write_ms), self._write_lands, run)
+        self._commit(run, run.pos, True)
+
+    def _write_lands(self, run: Run) -> None:
+        """The write's transaction commits (fencing.py: the token checked and recorded with the
+        rows, in one transaction): a process event, so a process frozen mid-write commits it when
+        it wakes, whatever happened meanwhile (even after its instance was stopped); one that
+        died never does (the transaction is rolled back)."""
+        if not self.sim.resource_write(run, run.member):
+            run.fenced = True  # StaleTokenError: the task's loop ends
+
+    def _commit(self, run: Run, pos: int, loop: bool) -> None:
+        """context.commit_offsets: with the member id and epoch the worker has now. ``loop``: the
+        task's loop awaits it (the next tick after it); else stop()'s last commit."""
+        sim, m, item = self.sim, self.m, run.item
+        req = ConnectGroupCommitOffsetsRequest(
+            group_id=GROUP, member_id=m.member_id, member_epoch=m.member_epoch,
+            connector=item.connector, task=item.task,
+            offsets=(_commit.PartitionOffset(partition=partition_key(item),
+                                              offset=canonical({"pos": pos})),))
+        sim.commit_counts["sent"] += 1
+        self.send("ctl", req, lambda resp: self._committed(run, pos, loop, req, resp),
+                  lambda why: self._commit_again(run, pos, loop))
+
+    def _commit_live(self, run: Run, loop: bool) -> bool:
+        if run.fenced:
+            return False
+        if loop:
+            return self.runs.get(run.item) is run
+        return run.end is not None and run.end > self.sim.now  # stop() still awaits it
+
+    def _commit_again(self, run: Run, pos: int, loop: bool) -> None:
+        if self._commit_live(run, loop):
+            self.sim.commit_counts["retried"] += 1
+            self.at(self.sim.now + int(self.sim.rng_offsets.uniform(50, 1_000)), self._commit, run, pos, loop)
+
+    def _committed(self, run: Run, pos: int, loop: bool, req: Any, resp: Any) -> None:
+        sim = self.sim
+        code = resp.error_code
+        if code == 0:
+            sim.commit_counts["acknowledged"] += 1
+            run.committed = max(run.committed, pos)
+            if loop and self._working(run):
+                self.at(sim.now + sim.sample(sim.rng_offsets, sim.scenario.work_ms), self._tick, run)
+        elif code == E.STALE_MEMBER_EPOCH:
+            self._stale(run, pos, loop, req.member_epoch, sim.now)
+        elif code in FENCED:
+            self._fenced(run, code)
+        else:
+            if code in RETRY_COORDINATOR:
+                self.invalidate()
+            self._commit_again(run, pos, loop)
+
+    def _stale(self, run: Run, pos: int, loop: bool, sent: int, since: int) -> None:
+        """STALE_MEMBER_EPOCH: retried once the heartbeat brought a newer epoch while the worker
+        still owns the item (an epoch bump elsewhere must not fail a legit owner's commit); a
+        FencedError if it no longer owns it, or its epoch does not move on within a session."""
+        if not self._commit_live(run, loop):
+            return
+        m, now = self.m, self.sim.now
+        owns = run.item in m.owned or run.item in m.assigned
+        if owns and m.member_epoch > sent:
+            self.sim.commit_counts["retried_stale"] += 1
+            self._commit(run, pos, loop)
+        elif not owns or m.member_epoch <= 0 or now - since > self.sim.scenario.session_timeout_ms:
+            self._fenced(run, E.STALE_MEMBER_EPOCH)
+        else:
+            self.at(now + STALE_POLL_MS, self._stale, run, pos, loop, sent, since)
+
+    def _fenced(self, run: Run, code: int) -> None:
+        """FencedError in the task: its loop ends (the worker stops the instance soon)."""
+        run.fenced = True
+        name = E(code).name
+        self.sim.commit_counts[f"fenced_{name}"] = self.sim.commit_counts.get(f"fenced_{name}", 0) + 1
+        self.sim.trace("commit_fenced", self.name, str(run.item), detail=name)
 
     # -- computing the assignment --------------------------------------------------------------------------
     def _compute(self) -> None:

@@ -30,6 +30,18 @@ def kinds(result: RunResult) -> list[str]:
     return [str(e["kind"]) for e in result.events]
 
 
+@pytest.fixture
+def idle_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scenarios without the instances' work (``offset_commits=False``: no offset commits,
+    so the coordinator writes only for membership changes), for the tests that pin seeds of the
+    node machinery found before the model had commits. With commits an owner almost always has a
+    write in flight: cut off from etcd it is deposed by its refused write rather than by its
+    lease check, and its steady heartbeats no longer answer from a stale state without writing
+    (docs/simulation.md, "Offsets and fencing tokens")."""
+    for name, scenario in list(SCENARIOS.items()):
+        monkeypatch.setitem(SCENARIOS, name, scenario.with_(offset_commits=False))
+
+
 def test_the_node_scenarios_exist() -> None:
     assert {"coordinator-handover", "coordinator-failover", "coordinator-isolated", "deposed-owner",
             "deposed-owner-short", "coordinator-upgrade", "etcd-leader-loss",
@@ -123,6 +135,7 @@ def test_a_killed_owner_is_replaced_once_its_lease_expires() -> None:
         assert acquired["detail"].split(" ")[0] != e["detail"]
 
 
+@pytest.mark.usefixtures("idle_instances")
 def test_an_owner_cut_off_from_etcd_stops_answering_before_its_lease_can_expire() -> None:
     found = 0
     for seed in range(10):
@@ -148,6 +161,7 @@ def test_an_owner_cut_off_from_etcd_stops_answering_before_its_lease_can_expire(
     assert found
 
 
+@pytest.mark.usefixtures("idle_instances")
 @pytest.mark.parametrize("seed", range(4))
 def test_a_deposed_owner_writes_nothing_and_answers_nothing_when_it_wakes(seed: int) -> None:
     """deposed-owner: the owner frozen with a write in flight past its lease; when it wakes it
@@ -174,6 +188,7 @@ def test_a_deposed_owner_writes_nothing_and_answers_nothing_when_it_wakes(seed: 
 # -- the fence and the lease check matter: switched off, the checker finds violations ------------
 
 
+@pytest.mark.usefixtures("idle_instances")
 @pytest.mark.parametrize("assignor", ASSIGNORS)
 def test_without_the_fence_a_deposed_owners_late_write_is_caught(assignor: str) -> None:
     """deposed-owner with the fence off (``fenced_writes=False``, test only): the woken owner's
@@ -192,6 +207,7 @@ def test_without_the_fence_a_deposed_owners_late_write_is_caught(assignor: str) 
     assert "stale_write_applied" in kinds(result)
 
 
+@pytest.mark.usefixtures("idle_instances")
 def test_without_the_fence_a_later_load_replays_epochs_that_went_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 0: n1 is frozen at 10,405 with w003's join (4 records, w003 at epoch 4) in flight; n2
@@ -211,6 +227,7 @@ def test_without_the_fence_a_later_load_replays_epochs_that_went_back(
     assert len(caught) >= 5, caught
 
 
+@pytest.mark.usefixtures("idle_instances")
 @pytest.mark.parametrize("assignor", ASSIGNORS)
 def test_without_the_lease_check_an_owner_cut_off_from_etcd_runs_tasks_twice(assignor: str) -> None:
     """coordinator-isolated with the owner's lease check off (``lease_checked=False``, test only:
@@ -301,6 +318,7 @@ def test_a_frozen_owner_stops_no_work_with_the_defaults(assignor: str) -> None:
     assert len(fenced) >= 5, fenced
 
 
+@pytest.mark.usefixtures("idle_instances")
 def test_a_find_during_a_handover_waits_for_the_frozen_nodes_discovery_timeout() -> None:
     """What the model found with the worker of 72dc392 (docs/simulation.md), fixed in 6fac78c
     (FindCoordinator ends 100 ms after an error answer; ``find_error_wait_ms`` 100). Before, FindCoordinator
@@ -348,6 +366,7 @@ def _between(events: list[dict[str, object]], start: int, kinds_: set[str]) -> l
     return [e for e in events[start:end] if e["kind"] in kinds_]
 
 
+@pytest.mark.usefixtures("idle_instances")
 @pytest.mark.parametrize("assignor", ASSIGNORS)
 def test_an_etcd_election_costs_the_group_the_election_and_keeps_its_owner(assignor: str) -> None:
     """etcd-leader-loss: after each election the owner, whose lease went in doubt (it answered
