@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .scenarios import DEPOSED_ARM_MS, Fault
+from .scenarios import DEPOSED_ARM_MS, PAUSE_ARM_MS, Fault
 from .worker_model import SimWorker
 
 
@@ -68,6 +68,9 @@ class Faults:
             w.graceful_stop(restart_after=fault.duration_ms)
         elif kind == "leave":
             w.graceful_stop(restart_after=None)
+        elif kind == "pause" and fault.detail == "mid_write":  # at its next write's beginning
+            w.pause_on_write = fault.duration_ms
+            self.at(self.now + PAUSE_ARM_MS, w.pause_anyway)
         elif kind == "pause":
             w.pause(fault.duration_ms)
         elif kind == "partition":

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 
 Range = tuple[int, int]
 
+PAUSE_ARM_MS = 5_000
+"""A ``pause`` of a ``pause_mid_write`` scenario waits at most this long for a write to begin."""
 DEPOSED_ARM_MS = 2_000
 """A ``deposed_late_write`` with a write in flight freezes the owner at its next batch that
 writes, waiting at most this long (then it freezes it anyway)."""
@@ -114,6 +116,9 @@ class Scenario:
     """Scale up by this fraction of the group (at least one worker), then down by as many."""
     pauses: int = 0
     pause_ms: Range = (12_000, 20_000)
+    pause_mid_write: bool = False
+    """A pause begins as one of the worker's instances begins a write to its resource (within
+    ``PAUSE_ARM_MS``; then anyway): the write commits when the process wakes."""
     partitions: int = 0
     partition_ms: Range = (2_000, 20_000)
     conn_drops: int = 0
@@ -256,7 +261,8 @@ class Scenario:
         for _ in range(take(self.leaves)):
             faults.append(Fault(t(), "leave", pick()))
         for _ in range(self.pauses):
-            faults.append(Fault(t(), "pause", pick(), d(self.pause_ms)))
+            faults.append(Fault(t(), "pause", pick(), d(self.pause_ms),
+                                "mid_write" if self.pause_mid_write else ""))
         for _ in range(self.partitions):
             faults.append(Fault(t(), "partition", pick(), d(self.partition_ms)))
         for _ in range(self.conn_drops):
@@ -319,6 +325,8 @@ class Scenario:
             end = max(end, f.at_ms + max(0, f.duration_ms if f.kind != "slow_revocation" else 0))
             if f.kind == "deposed_late_write":  # it waits up to DEPOSED_ARM_MS for a write
                 end = max(end, f.at_ms + DEPOSED_ARM_MS + f.duration_ms)
+            if f.detail == "mid_write":  # it waits up to PAUSE_ARM_MS for a write
+                end = max(end, f.at_ms + PAUSE_ARM_MS + f.duration_ms)
             # (a bad_stops window counts: the faults end when the plugin behaves again)
         if self.loss or self.append_fail or self.fsync_fail:
             end = max(end, self.window_ms)
@@ -372,6 +380,13 @@ SCENARIOS: dict[str, Scenario] = {
            "A worker stops the world longer than the session timeout (a GC pause): it is removed "
            "while its tasks are frozen, and must fence itself when it wakes up.",
            pauses=1, pause_ms=(12_000, 20_000), window_ms=10_000,
+           convergence_bound_ms=_HOLD + 30_000),
+        _s("frozen-writer",
+           "A worker is frozen (SIGSTOP) in the middle of a write to a task's resource, longer "
+           "than its session, the hold and the incremental assignor's delay: another worker "
+           "takes its items and writes with higher fencing tokens; when it wakes its write "
+           "commits late and is refused by the token, its commits are fenced.",
+           pauses=1, pause_ms=(35_000, 45_000), pause_mid_write=True, window_ms=10_000,
            convergence_bound_ms=_HOLD + 30_000),
         _s("network-partition",
            "A worker is cut off from the coordinator for 2-8 s (shorter than the session timeout): "

@@ -164,6 +164,8 @@ class SimWorker:
         self.backstop_at: int | None = None
         self.zombie_limit = INF  # after a pause: the excuse of its overlaps ends here
         self.lost_gen = 0  # worker._lost_gen: bumped when the watchdog fences; a fetch begun before is stale
+        self.pause_on_write: int | None = None
+        """A pause that begins with this process's next write (``pause_mid_write``): its length."""
         self.tokens: dict[Item, int] = {}
         """The fencing token of each item, from the heartbeat answers' assignments (the context's
         ``fencing_token``)."""
@@ -215,6 +217,7 @@ class SimWorker:
         self.pause_lease_expired = False
         self.backstop_at = None
         self.tokens = {}
+        self.pause_on_write = None
         self.assignor = (EagerAssignor() if sim.assignor == "eager"
                          else IncrementalCooperativeAssignor(max_delay_ms=sc.max_delay_ms))
         meta = self.assignor.metadata()
@@ -808,8 +811,18 @@ class SimWorker:
             return
         sim = self.sim
         run.pos += 1
+        if run.item in self.m.assigned:  # context.fencing_token is live: a new grant, a new token
+            run.token = self.tokens.get(run.item, run.token)
         self.at(sim.now + sim.sample(sim.rng_offsets, sim.scenario.write_ms), self._write_lands, run)
         self._commit(run, run.pos, True)
+        if self.pause_on_write is not None:  # frozen mid-write (and with this commit in flight)
+            self.pause_anyway()
+
+    def pause_anyway(self) -> None:
+        """A ``pause_mid_write`` fault: now (a write began, or none came in time)."""
+        if self.pause_on_write is not None:
+            duration, self.pause_on_write = self.pause_on_write, None
+            self.pause(duration)
 
     def _write_lands(self, run: Run) -> None:
         """The write's transaction commits (fencing.py: the token checked and recorded with the

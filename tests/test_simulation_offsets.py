@@ -22,7 +22,8 @@ from connect_wire.records import current_member_assignment_value_v0 as _cma
 from connect_wire.records import group_connectors_value_v0 as _gc
 from coordinator.group.coordinator import GroupCoordinator
 from coordinator.group.records import Record
-from simulation import ASSIGNORS, run
+from simulation import ASSIGNORS, SCENARIOS, run
+from simulation.engine import Simulation
 from simulation.invariants import Ledger, canonical, partition_key
 
 G = "g"
@@ -215,3 +216,50 @@ def test_a_coordinator_that_acknowledges_commits_it_did_not_make_durable_is_caug
     monkeypatch.setattr(GroupCoordinator, "commit_offsets", volatile)
     violation = run("coordinator-restart", "incremental", 3, 12, 0).metrics["violation"]
     assert violation.startswith("acknowledged commit lost: the fetch after the restart"), violation
+
+
+def test_a_coordinator_whose_token_counter_is_not_durable_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core that keeps its fencing token counter in memory only (no ceiling written, none read
+    at a load) starts again from 1 after a restart: the next grant's token is not above the
+    tokens given before."""
+
+    def forgetful(self: GroupCoordinator, txn: Any, g: Any, now_ms: int) -> int:
+        g.token_counter = (g.token_counter or 0) + 1
+        return int(g.token_counter)
+
+    monkeypatch.setattr(GroupCoordinator, "_next_token", forgetful)
+    violation = run("coordinator-restart", "eager", 3, 12, 0).metrics["violation"]
+    assert "did not increase" in violation, violation
+
+
+@pytest.mark.parametrize("assignor", ASSIGNORS)
+def test_a_frozen_writers_late_write_is_refused_by_its_token(assignor: str) -> None:
+    """frozen-writer, seed 0: a worker frozen in the middle of a write, longer than its session,
+    the hold and the delay; its items go to others, which resume from its last committed offsets
+    and write with higher tokens. When it wakes, its write commits after the new holder's: the
+    resource refuses it (the lease backstop then ends the process, so nothing else of it runs)."""
+    sim = Simulation(SCENARIOS["frozen-writer"], assignor, 3, 12, 0, trace=True)
+    result = sim.run()
+    assert result.metrics["violation"] == "" and result.metrics["converged"]
+    frozen = next(e["worker"] for e in result.events if e["kind"] == "worker_pause")
+    refused = [e for e in result.events if e["kind"] == "write_refused"]
+    assert len(refused) == 1 and refused[0]["worker"] == frozen
+    item = Item.parse(str(refused[0]["item"]))
+    stale = int(str(refused[0]["detail"]).split()[1])  # "token N is lower than the resource's"
+    token, last = sim.ledger.resources[item]
+    assert token == last.token > stale and last.seq > sim.ledger.grants[(item, stale)].seq
+    assert result.extra["writes_refused"] == 1
+
+
+@pytest.mark.parametrize("assignor", ASSIGNORS)
+def test_the_late_commits_of_a_worker_cut_off_past_its_session_are_fenced(assignor: str) -> None:
+    """long-partition, seed 0: the cut-off worker fences itself; its instances' stop() commits
+    reach the coordinator when the partition heals, after it expired the member: refused
+    UNKNOWN_MEMBER_ID (FencedError in the task), nothing stored."""
+    result = run("long-partition", assignor, 3, 12, 0, trace=True)
+    assert result.metrics["violation"] == "" and result.metrics["converged"]
+    fenced = [e for e in result.events if e["kind"] == "commit_fenced"]
+    cut = next(e["worker"] for e in result.events if e["kind"] == "fault")
+    assert fenced and {(e["worker"], e["detail"]) for e in fenced} == {(cut, "UNKNOWN_MEMBER_ID")}
+    assert result.extra["commits_refused"] >= len(fenced)
