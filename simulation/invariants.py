@@ -5,9 +5,10 @@
   :class:`ItemStat` (an item's downtime), fed by the workers (``run_started``,
   ``run_stopped``) and by the committed records (``on_records``: the configured items).
 * **Invariants**: the coordinator core's (``check_invariants`` after writes), the store's
-  (``check_store``: exactly what the owners committed), a woken worker's fencing
-  (``after_resume``), and convergence (``maybe_converged``). The first violation stops the
-  run (``Simulation.violate``).
+  (``check_store``: exactly what the owners committed), the offsets and fencing tokens (the
+  :class:`Ledger`: ``on_records``, ``on_commit``, ``check_offsets``, ``resource_write``), a woken
+  worker's fencing (``after_resume``), and convergence (``maybe_converged``). The first violation
+  stops the run (``Simulation.violate``).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def idle_instances(monkeypatch: pytest.MonkeyPatch) -> None:
     node machinery found before the model had commits. With commits an owner almost always has a
     write in flight: cut off from etcd it is deposed by its refused write rather than by its
     lease check, and its steady heartbeats no longer answer from a stale state without writing
-    (docs/simulation.md, "Offsets and fencing tokens")."""
+    (docs/simulation.md, "Several coordinator nodes: what the model says")."""
     for name, scenario in list(SCENARIOS.items()):
         monkeypatch.setitem(SCENARIOS, name, scenario.with_(offset_commits=False))
 
