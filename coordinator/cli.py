@@ -224,12 +224,16 @@ def parser() -> argparse.ArgumentParser:
                     '"offset": {...} or null}, ...]}, as \'offsets get --json\' prints')
     oa.add_argument("--validate-only", action="store_true",
                     help="check the file and the connector's state, change nothing")
+    oa.add_argument("--json", action="store_true",
+                    help='Kafka Connect\'s answer: {"message": ...}')
     orr = admin(osub, "reset", "remove every offset of a STOPPED connector (its tasks start "
                 "from nothing when it is resumed)")
     orr.add_argument("--group", required=True, help="the worker group")
     orr.add_argument("name", help="connector name")
     orr.add_argument("--validate-only", action="store_true",
                      help="check the connector's state, change nothing")
+    orr.add_argument("--json", action="store_true",
+                     help='Kafka Connect\'s answer: {"message": ...}')
 
     groups = sub.add_parser("groups", help="list or describe groups")
     gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -445,14 +449,15 @@ def cmd_offsets(args: argparse.Namespace, out: Any) -> None:
         resp = client.group_call(args.group, req)
         _check(resp.error_code, resp.error_message)
         if args.validate_only:
-            out.write(f"valid: the offsets of connector {args.name} can be "
-                      f"{'reset' if action == 'reset' else 'altered'}\n")
+            message = (f"valid: the offsets of connector {args.name} can be "
+                       f"{'reset' if action == 'reset' else 'altered'}")
         elif action == "reset":
-            out.write(f"The offsets for connector {args.name} have been reset successfully.\n")
+            message = f"The offsets for connector {args.name} have been reset successfully."
         else:
             removed = sum(o is None for _, o in pairs)
-            out.write(f"The offsets for connector {args.name} have been altered successfully "
-                      f"({len(pairs) - removed} set, {removed} removed).\n")
+            message = (f"The offsets for connector {args.name} have been altered successfully "
+                       f"({len(pairs) - removed} set, {removed} removed).")
+        out.write((json.dumps({"message": message}) if args.json else message) + "\n")
 
 
 def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
