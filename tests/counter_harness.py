@@ -34,7 +34,9 @@ from tests.daemon_fixture import ROOT, daemon_env, run_cli
 PLUGIN = "worker_client.examples.counter:CounterConnector"
 CONNECTOR = "counts"
 INTERVAL_MS = 50
-STOP_BUDGET_MS = 1000
+STOP_BUDGET_MS = 3000
+"""The workers' stop budget: 1 s once fail-stopped a worker in CI whose revoked task was
+stopping while it started (not explained yet: see the session note)."""
 MAX_DELAY_MS = 500
 TASKS = (f"{CONNECTOR}/0", f"{CONNECTOR}/1")
 """The tasks of a connector created with ``tasks=2`` (and at least two partitions)."""
