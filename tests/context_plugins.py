@@ -181,3 +181,35 @@ class SlottedConnector:
 
     async def stop(self) -> None:
         pass
+
+
+START_HOOK: Any = None
+"""Called with the item's name as a :class:`HookTask`'s ``start()`` returns (tests set it)."""
+
+
+class HookTask:
+    async def start(self, config: dict[str, Any]) -> None:
+        self.config = config
+        if START_HOOK is not None:
+            START_HOOK(_item(config))
+
+    async def run(self) -> None:
+        record(self.config, "run")
+        await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        record(self.config, "stop")
+
+
+class HookConnector:
+    """Its tasks (:class:`HookTask`) call ``START_HOOK`` as their ``start()`` returns, and record
+    ``run`` and ``stop``."""
+
+    task_class = HookTask
+
+    async def start(self, config: dict[str, Any]) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+

@@ -258,3 +258,32 @@ async def test_a_worker_whose_item_moved_away_gets_fenced_error(env: Env, daemon
                 p.send_signal(signal.SIGCONT)
                 p.terminate()
                 p.wait(10)
+
+
+async def test_a_stop_that_comes_as_start_returns_is_not_lost(env: Env) -> None:
+    """A task's stop that comes in the loop turn its start() ends in: Python 3.11's
+    asyncio.wait_for then returns start()'s result and swallows the cancellation, so the
+    supervisor went on to run() and ignored the stop until the stop budget ran out, and the
+    worker fail-stopped (seen once in CI with the counter example, whose start() fetches its
+    offsets). The hook makes that turn certain: the stop is scheduled from inside start()."""
+    from tests import context_plugins
+
+    a = env.start("a")
+    stops: list[asyncio.Future[None]] = []
+
+    def hook(item: str) -> None:
+        if item == "hook/0" and not stops:
+            stops.append(asyncio.ensure_future(a._stop_items(frozenset({Item("hook", 0)}))))
+
+    context_plugins.START_HOOK = hook
+    try:
+        env.alter({"hook": (1, {"connector.class": f"{P}:HookConnector"})})
+        await until(lambda: stops, "the task's start() ran")
+        await asyncio.wait_for(stops[0], 15)
+    finally:
+        context_plugins.START_HOOK = None
+    assert not env.unexpected_fail_stops, env.unexpected_fail_stops
+    assert not events(env, "run", "hook/0"), "run() started although the task was being stopped"
+    assert [e["event"] for e in events(env, item="hook/0")] == ["stop"]
+    env.unexpected_fail_stops.clear()
+

@@ -951,6 +951,8 @@ class Worker:
                     **plugin_config, "connector.name": inst.item.connector}), self.stop_deadline_s * 2)
                 if errors:
                     raise InvalidConfig(errors)
+                if inst.stopping:  # (a cancellation wait_for swallowed: see after start())
+                    raise asyncio.CancelledError
                 cls = connector_class(config) if inst.item.is_connector else task_class(config)
                 inst.plugin = cls()
                 inst.config = config
@@ -959,6 +961,11 @@ class Worker:
                 if inst.error is not None:
                     inst.state = RESTARTING
                 await asyncio.wait_for(inst.plugin.start(config), self.stop_deadline_s * 2)
+                if inst.stopping:
+                    # A stop that came as start() ended: Python 3.11's wait_for then returns the
+                    # result and swallows the cancellation, and run() would start and ignore the
+                    # stop until the stop budget ran out (a fail-stop, seen in CI).
+                    raise asyncio.CancelledError
                 inst.state = RUNNING
                 self.metrics.running.inc()
                 inst.counted = True
