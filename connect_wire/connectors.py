@@ -1,6 +1,7 @@
 """What the admin CLI and the worker's REST API both make of a ConnectGroupDescribe answer and
-of Connect's verbs and offsets (no I/O): a connector's status, its running task count, a
-verb's config change, source offsets in canonical JSON.
+of Connect's verbs and offsets (no I/O): a group as ``groups describe --json`` prints it (the
+worker's status page serves the same), a connector's status, its running task count, a verb's
+config change, source offsets in canonical JSON.
 
 ``Describe`` values are the generated message objects (``ConnectGroupDescribeResponse``'s
 groups, connectors and members), read by attribute.
@@ -8,11 +9,13 @@ groups, connectors and members), read by attribute.
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from connect_wire import verbs
+from connect_wire.errors import error_name
 
 
 class UnknownConnector(LookupError):
@@ -58,6 +61,50 @@ def find(g: Any, name: str) -> Any:
 def config_of(c: Any) -> dict[str, str | None]:
     """A described connector's stored config (the verbs' reserved keys included)."""
     return {e.name: e.value for e in c.config}
+
+
+def utc(ms: int) -> str | None:
+    """Wall-clock milliseconds as ISO 8601 UTC to the millisecond (None for -1: unknown)."""
+    if ms < 0:
+        return None
+    at = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def group_dict(g: Any) -> dict[str, Any]:
+    """A described group as ``connect-coordinator groups describe --json`` prints it (and the
+    worker's status page feed serves it)."""
+    return {
+        "group": g.group_id, "state": g.group_state,
+        "error": error_name(g.error_code) if g.error_code else None,
+        "error_message": g.error_message, "group_epoch": g.group_epoch,
+        "assignment_epoch": g.assignment_epoch, "assignor": g.assignor_name,
+        "assigning_member": g.assigning_member_id,
+        "connectors": [{"name": c.name, "tasks": c.task_count, "running_tasks": running_tasks(c),
+                        "config": {e.name: e.value for e in c.config},
+                        # (as the connector instance wrote them; null: never written)
+                        "task_configs": None if c.task_configs is None else [
+                            {e.name: e.value for e in t.config} for t in c.task_configs]}
+                       for c in g.connectors],
+        "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
+                     "worker_url": m.worker_url, "client_id": m.client_id,
+                     "client_host": m.client_host, "epoch": m.member_epoch, "state": m.member_state,
+                     "assignment": items(m.assignment), "revoking": [*m.revoking_connectors,
+                                                             *(f"{t.connector}/{t.task}"
+                                                               for t in m.revoking_tasks)],
+                     "target": items(m.target_assignment),
+                     "fencing_tokens": tokens(m),
+                     # (Status) as the worker last reported them, of what it owns
+                     "instances": [{"item": item_name(s.connector, s.task), "state": s.state,
+                                    "error": s.error_message, "trace": s.trace}
+                                   for s in m.instance_states]}
+                    for m in g.members],
+        # Items held for fenced members: nobody runs them until the hold ends.
+        "holds": [{"member_id": h.member_id, "instance_id": h.instance_id,
+                   "until_ms": h.held_until_ms if h.held_until_ms >= 0 else None,
+                   "until": utc(h.held_until_ms), "items": items(h.items)}
+                  for h in g.holds],
+    }
 
 
 def status(g: Any, name: str) -> dict[str, Any]:

@@ -32,7 +32,6 @@ docs/security.md). Credentials refused print one line and exit 1; bad settings e
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -42,10 +41,8 @@ from connect_wire import client_security, plugins, verbs
 from connect_wire import connectors as shared
 from connect_wire.addresses import Address, parse_bootstrap
 from connect_wire.cliutil import StrictParser, add_version
-from connect_wire.connectors import item_name as _item_name
-from connect_wire.connectors import items as _items
-from connect_wire.connectors import running_tasks as _running_tasks
-from connect_wire.connectors import tokens as _tokens
+from connect_wire.connectors import group_dict as _group_dict
+from connect_wire.connectors import utc as _utc
 from connect_wire.errors import error_name
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
@@ -267,16 +264,6 @@ def _describe(session: AdminSession, group_ids: list[str]) -> Any:
         group_id, ConnectGroupDescribeRequest(group_ids=(group_id,))).groups]
 
 
-
-
-def _utc(ms: int) -> str | None:
-    """Wall-clock milliseconds as ISO 8601 UTC to the millisecond (None for -1: unknown)."""
-    if ms < 0:
-        return None
-    at = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
-    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _until(ms: int, now_ms: int) -> str:
     """When a hold ends, for a human: the UTC time and how far away (by this machine's clock)."""
     at = _utc(ms)
@@ -297,48 +284,6 @@ def _connector_dict(c: Any) -> dict[str, Any]:
             "task_restarts": {k[len(verbs.RESTART_TASK_PREFIX):]: verbs.counter(config, k)
                               for k in sorted(config) if k.startswith(verbs.RESTART_TASK_PREFIX)},
             "plugin_config": verbs.plugin_config(config)}
-
-
-
-
-
-
-def _group_dict(g: Any) -> dict[str, Any]:
-    return {
-        "group": g.group_id, "state": g.group_state,
-        "error": error_name(g.error_code) if g.error_code else None,
-        "error_message": g.error_message, "group_epoch": g.group_epoch,
-        "assignment_epoch": g.assignment_epoch, "assignor": g.assignor_name,
-        "assigning_member": g.assigning_member_id,
-        "connectors": [{"name": c.name, "tasks": c.task_count, "running_tasks": _running_tasks(c),
-                        "config": {e.name: e.value for e in c.config},
-                        # (as the connector instance wrote them; null: never written)
-                        "task_configs": None if c.task_configs is None else [
-                            {e.name: e.value for e in t.config} for t in c.task_configs]}
-                       for c in g.connectors],
-        "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
-                     "worker_url": m.worker_url, "client_id": m.client_id,
-                     "client_host": m.client_host, "epoch": m.member_epoch, "state": m.member_state,
-                     "assignment": _items(m.assignment), "revoking": [*m.revoking_connectors,
-                                                              *(f"{t.connector}/{t.task}"
-                                                                for t in m.revoking_tasks)],
-                     "target": _items(m.target_assignment),
-                     "fencing_tokens": _tokens(m),
-                     # (Status) as the worker last reported them, of what it owns
-                     "instances": [{"item": _item_name(s.connector, s.task), "state": s.state,
-                                    "error": s.error_message, "trace": s.trace}
-                                   for s in m.instance_states]}
-                    for m in g.members],
-        # Items held for fenced members: nobody runs them until the hold ends.
-        "holds": [{"member_id": h.member_id, "instance_id": h.instance_id,
-                   "until_ms": h.held_until_ms if h.held_until_ms >= 0 else None,
-                   "until": _utc(h.held_until_ms), "items": _items(h.items)}
-                  for h in g.holds],
-    }
-
-
-
-
 
 
 def _status_text(st: dict[str, Any]) -> str:
