@@ -9,6 +9,11 @@ keys, :mod:`connect_wire.verbs`) or AlterOffsets. What is made of the answers is
 the admin CLI (:mod:`connect_wire.connectors`). docs/rest.md lists the endpoints, the status
 codes and what differs from Kafka Connect.
 
+``GET /ui`` is a live status page (worker_client/ui/status.html, package data: one HTML file
+with its own style and script, nothing loaded from elsewhere) polling ``GET /ui/state``: the
+group as ``connect-coordinator groups describe --json`` shows it plus each connector's REST
+status and offsets count.
+
 Config mapping: the REST config's ``tasks.max`` is the connector's task count, ``name`` its
 name (neither is stored in its config), ``connector.class`` names its plugin; the reserved keys
 of the verbs are never shown and never accepted.
@@ -23,11 +28,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import hmac
 import json
+import re
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib.metadata import entry_points
+from importlib.resources import files
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,6 +70,8 @@ STOPPED_FOR_OFFSETS = ("Connectors must be in the STOPPED state before their off
                        "modified. This can be done for the specified connector by issuing a 'PUT' "
                        "request to the '/connectors/{}/stop' endpoint")
 log = logs.get("worker_client.rest")
+STATUS_PAGE = "ui/status.html"
+"""The status page (``GET /ui``), package data of :mod:`worker_client`."""
 
 
 class RestError(Exception):
@@ -138,6 +149,7 @@ class RestApi:
         self.group = worker.config.group_id
         self.request_timeout_s = request_timeout_s
         self.users = dict(users) if users else None
+        self._page: tuple[bytes, str] | None = None
 
     # -- plumbing ----------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -161,6 +173,8 @@ class RestApi:
             DELETE=self.reset_offsets)
         add("/connector-plugins", GET=self.connector_plugins)
         add("/connector-plugins/{p}/config/validate", PUT=self.validate)
+        add("/ui", GET=self.ui)
+        add("/ui/state", GET=self.ui_state)
         return app
 
     @staticmethod
@@ -598,6 +612,50 @@ class RestApi:
         return web.json_response({"message": "The offsets for this connector have been reset "
                                   "successfully"})
 
+    # -- status page -------------------------------------------------------------------------
+    async def ui(self, request: web.Request) -> web.Response:
+        """The live status page: one HTML file (its style and script inline, nothing fetched
+        from elsewhere) that polls ``/ui/state``. Its Content-Security-Policy allows only its
+        own inline script and style (by hash) and requests to this origin."""
+        if self._page is None:
+            self._page = status_page()
+        body, policy = self._page
+        return web.Response(body=body, content_type="text/html", charset="utf-8", headers={
+            "Content-Security-Policy": policy, "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"})
+
+    async def ui_state(self, request: web.Request) -> web.Response:
+        """The status page's feed: this worker, the group as ``groups describe --json`` shows
+        it (one element of its list), and per connector its REST status and how many source
+        partitions have stored offsets (``null`` and ``offsets_error`` when they could not be
+        read)."""
+        g = await self._group()
+        names = [c.name for c in g.connectors]
+        counts = await asyncio.gather(*(self._offsets_count(name) for name in names))
+        m = self.worker.membership
+        config = self.worker.config
+        return web.json_response({
+            "fetched_ms": int(time.time() * 1000),
+            "worker": {"worker_id": _worker_id(config.worker_url, config.instance_id or m.member_id),
+                       "url": config.worker_url, "instance_id": config.instance_id,
+                       "member_id": m.member_id, "member_epoch": m.member_epoch,
+                       "state": m.state.value},
+            "group": shared.group_dict(g),
+            "connectors": [{"name": name, "status": self.connector_status(g, name),
+                            "offsets": count, "offsets_error": error}
+                           for name, (count, error) in zip(names, counts, strict=True)]},
+            headers={"Cache-Control": "no-store"})
+
+    async def _offsets_count(self, name: str) -> tuple[int | None, str | None]:
+        try:
+            resp = await self._call(ConnectGroupFetchOffsetsRequest(
+                group_id=self.group, connector=name, partitions=None))
+        except RestError as exc:
+            return None, exc.message
+        if resp.error_code:
+            return None, f"{error_name(resp.error_code)}: {message_of(resp)}"
+        return len(resp.offsets), None
+
     # -- plugins -----------------------------------------------------------------------------
     async def connector_plugins(self, request: web.Request) -> web.Response:
         """The plugins installed as entry points (``connect_coordinator.plugins``): the ones a
@@ -643,6 +701,23 @@ class RestApi:
                           "errors": errors.get(key, []), "visible": True}})
         return web.json_response({"name": plugin, "error_count": sum(map(len, errors.values())),
                                   "groups": [], "configs": configs})
+
+
+def status_page() -> tuple[bytes, str]:
+    """The status page's bytes and its Content-Security-Policy (its inline ``<script>`` and
+    ``<style>`` allowed by their SHA-256, so nothing else can run even if some text were ever
+    taken for markup)."""
+    text = files("worker_client").joinpath(STATUS_PAGE).read_text(encoding="utf-8")
+
+    def hashes(tag: str) -> str:
+        return " ".join(
+            "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
+            for body in re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.S))
+
+    policy = (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+              "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+              "frame-ancestors 'none'")
+    return text.encode(), policy
 
 
 def message_of(resp: Any) -> str:
