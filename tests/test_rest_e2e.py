@@ -36,8 +36,8 @@ CONVERGE_S = 30.0
 
 
 class Workers:
-    def __init__(self, base: Path, daemon: Daemon) -> None:
-        self.base, self.daemon = base, daemon
+    def __init__(self, base: Path, daemon: Daemon, group: str = GROUP) -> None:
+        self.base, self.daemon, self.group = base, daemon, group
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.urls: dict[str, str] = {}
         self.records = base / "records.jsonl"
@@ -49,7 +49,7 @@ class Workers:
         port = _free_port()
         self.urls[name] = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", self.daemon.bootstrap,
-               "--group", GROUP, "--instance-id", name, "--session-timeout-ms", str(SESSION_MS),
+               "--group", self.group, "--instance-id", name, "--session-timeout-ms", str(SESSION_MS),
                "--max-delay-ms", "0", "--rest-listen", f"127.0.0.1:{port}",
                "--rest-request-timeout-ms", "5000"]
         if auth:
@@ -78,7 +78,7 @@ class Workers:
 
     def describe(self) -> Any:
         with AdminClient(self.daemon.host, self.daemon.port, timeout_s=5) as c:
-            (g,) = c.call(ConnectGroupDescribeRequest(group_ids=(GROUP,))).groups
+            (g,) = c.call(ConnectGroupDescribeRequest(group_ids=(self.group,))).groups
         return g
 
 
