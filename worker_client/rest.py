@@ -625,21 +625,23 @@ class RestApi:
             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"})
 
     async def ui_state(self, request: web.Request) -> web.Response:
-        """The status page's feed: this worker, the group as ``groups describe --json`` shows
-        it (one element of its list), and per connector its REST status and how many source
-        partitions have stored offsets (``null`` and ``offsets_error`` when they could not be
-        read)."""
+        """The status page's feed: this worker (with the coordinator address it talks to), the
+        group as ``groups describe --json`` shows it (one element of its list), and per
+        connector its REST status and how many source partitions have stored offsets (``null``
+        and ``offsets_error`` when they could not be read)."""
         g = await self._group()
         names = [c.name for c in g.connectors]
         counts = await asyncio.gather(*(self._offsets_count(name) for name in names))
         m = self.worker.membership
         config = self.worker.config
+        coordinator = self.worker.client.coordinator  # (the node it last talked to; None: unknown)
         return web.json_response({
             "fetched_ms": int(time.time() * 1000),
             "worker": {"worker_id": _worker_id(config.worker_url, config.instance_id or m.member_id),
                        "url": config.worker_url, "instance_id": config.instance_id,
                        "member_id": m.member_id, "member_epoch": m.member_epoch,
-                       "state": m.state.value},
+                       "state": m.state.value,
+                       "coordinator": None if coordinator is None else "{}:{}".format(*coordinator)},
             "group": shared.group_dict(g),
             "connectors": [{"name": name, "status": self.connector_status(g, name),
                             "offsets": count, "offsets_error": error}
