@@ -443,3 +443,130 @@ def test_rest_settings_that_cannot_be_used_exit_2_with_one_line(workers: Workers
                                env=daemon_env(), cwd=ROOT, timeout=60)
             assert r.returncode == 2, (extra, r.stderr)
             assert expect in r.stderr.strip().splitlines()[-1], (extra, r.stderr)
+
+
+def test_names_task_counts_and_shapes_as_kafka_connect(workers: Workers) -> None:
+    """What a Kafka Connect client sees for unusual names and tasks.max values: a Location a
+    client can follow (percent-encoded), a name with a control character refused (400, nothing
+    written: it used to be written and then answered with no response at all), a POSTed name
+    trimmed, a tasks.max that is not an INT refused (400, not 500), validate counting the same
+    errors create refuses, ?expand with no known value a map, HEAD on a GET path."""
+    base = workers.urls["w1"]
+    odd = "sp ace?#x"
+    status, headers, body = http("POST", f"{base}/connectors", connector(workers, odd, tasks=1))
+    assert status == 201 and body["name"] == odd, body
+    assert headers["Location"] == "/connectors/sp%20ace%3F%23x"
+    assert http("GET", base + headers["Location"] + "/config")[2]["name"] == odd
+    assert http("DELETE", base + headers["Location"])[0] == 204
+
+    status, _, body = http("POST", f"{base}/connectors", connector(workers, "ctl\x01x", tasks=1))
+    assert status == 400 and body["error_code"] == 400, body
+    assert "may not contain control sequences" in body["message"], body
+    assert "ctl\x01x" not in http("GET", f"{base}/connectors")[2]
+
+    status, headers, body = http("POST", f"{base}/connectors", connector(workers, "  trimmed ", tasks=1))
+    assert (status, body["name"], headers["Location"]) == (201, "trimmed", "/connectors/trimmed"), body
+    assert http("DELETE", f"{base}/connectors/trimmed")[0] == 204
+
+    for value, why in (("2147483648", "Not a number of type INT"), ("1_0", "Not a number of type INT"),
+                       ("abc", "Not a number of type INT"), ("0", "Value must be at least 1")):
+        status, _, body = http("PUT", f"{base}/connectors/counts/config",
+                               {"connector.class": PLUGIN, "tasks.max": value})
+        assert status == 400 and f"Invalid value {value} for configuration tasks.max: {why}" in \
+            body["message"], (value, body)
+    assert "counts" not in http("GET", f"{base}/connectors")[2]
+    quoted = urllib.request.quote(PLUGIN, safe="")
+    status, _, body = http("PUT", f"{base}/connector-plugins/{quoted}/config/validate",
+                           {"tasks.max": "many", "name": "a\x01"})
+    assert status == 200 and body["error_count"] == 2, body
+    errors = {c["value"]["name"]: c["value"]["errors"] for c in body["configs"]}
+    assert errors["tasks.max"] and errors["name"], errors
+
+    status, _, body = http("POST", f"{base}/connectors", connector(workers, "shapes", tasks=1))
+    assert status == 201
+    assert http("GET", f"{base}/connectors?expand=nothing")[2]["shapes"] == {}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/connectors", method="HEAD"),
+                                timeout=30) as resp:
+        assert resp.status == 200 and resp.read() == b""
+    assert http("PUT", f"{base}/connectors/shapes/stop")[0] == 204
+    status, _, body = http("PATCH", f"{base}/connectors/shapes/offsets", {"offsets": []})
+    assert (status, body["message"]) == (400, "Partitions / offsets need to be provided for an "
+                                              "alter offsets request")
+    assert http("DELETE", f"{base}/connectors/shapes")[0] == 204
+
+
+def test_a_body_of_another_content_type_is_refused_with_415(workers: Workers) -> None:
+    """As Kafka Connect (Jersey's @Consumes(application/json)): curl -d without a
+    Content-Type sends application/x-www-form-urlencoded, which is refused, not read."""
+    base = workers.urls["w1"]
+    body = json.dumps(connector(workers, "typed", tasks=1)).encode()
+    for ctype in ("application/x-www-form-urlencoded", "text/plain"):
+        req = urllib.request.Request(f"{base}/connectors", data=body, method="POST",
+                                     headers={"Content-Type": ctype})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=30)
+        assert err.value.code == 415
+        assert json.loads(err.value.read()) == {"error_code": 415,
+                                                "message": "HTTP 415 Unsupported Media Type"}
+    assert "typed" not in http("GET", f"{base}/connectors")[2]
+    req = urllib.request.Request(f"{base}/connectors", data=body, method="POST",
+                                 headers={"Content-Type": "application/json; charset=utf-8"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 201
+    assert http("DELETE", f"{base}/connectors/typed")[0] == 204
+
+
+def test_a_body_larger_than_the_coordinator_takes_is_refused_at_once(workers: Workers) -> None:
+    """A config the coordinator's frame limit (1 MiB by default) cannot carry: 413 with the
+    limit, not a retry loop the coordinator ends by closing the worker's connection each time
+    and a misleading 409 ("retry later") after the request timeout."""
+    base = workers.urls["w1"]
+    config = {"connector.class": PLUGIN, "tasks.max": "1", "big": "x" * 2 * 1024 * 1024}
+    status, _, body = http("PUT", f"{base}/connectors/huge/config", config)
+    assert status == 413 and "1048576" in body["message"], (status, body)  # (the body itself)
+    assert "huge" not in http("GET", f"{base}/connectors")[2]
+    # Each body fits, the connector they make does not: a PATCH adding to a big config.
+    status, _, body = http("PUT", f"{base}/connectors/huge/config", {**config, "big": "x" * 600_000})
+    assert status == 201, body
+    status, _, body = http("PATCH", f"{base}/connectors/huge/config", {"more": "y" * 600_000})
+    assert status == 413 and body["error_code"] == 413, (status, body)
+    assert "1048576" in body["message"], body
+    assert "more" not in http("GET", f"{base}/connectors/huge/config")[2]
+    assert http("DELETE", f"{base}/connectors/huge")[0] == 204
+
+
+def test_idle_connections_are_bounded(workers: Workers) -> None:
+    """Connections that never finish a request (slowloris) cannot take the worker's file
+    descriptors: past MAX_CONNECTIONS a new one is answered 503 and closed at once; once they
+    go, the worker serves again."""
+    from worker_client.rest import MAX_CONNECTIONS
+
+    pid = workers.procs["w1"].pid
+    before = len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    url = workers.urls["w1"].removeprefix("http://")
+    host, port = url.rsplit(":", 1)
+    idle: list[socket.socket] = []
+    try:
+        for n in range(MAX_CONNECTIONS + 150):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"GET /connectors HTTP/1.1\r\nHost: x\r\n")  # (never finished)
+            idle.append(s)
+            if n % 50 == 49:
+                time.sleep(0.2)  # (within the listen backlog)
+        time.sleep(2.0)  # (the ones turned away are closed within a second)
+        grown = len(list(Path(f"/proc/{pid}/fd").iterdir())) - before
+        assert grown <= MAX_CONNECTIONS + 10, grown
+        answers = []
+        for s in idle:
+            s.settimeout(0.05)
+            try:
+                answers.append(s.recv(4096))
+            except TimeoutError:  # (served: waiting for the rest of its request)
+                answers.append(None)
+        busy = [a for a in answers if a is not None]
+        assert all(a.startswith(b"HTTP/1.1 503 ") for a in busy), busy[:3]
+        assert len(busy) >= len(idle) - MAX_CONNECTIONS, len(busy)
+    finally:
+        for s in idle:
+            s.close()
+    until(lambda: healthy(workers.urls["w1"]), "w1 serving again", workers)

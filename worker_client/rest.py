@@ -38,15 +38,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from importlib.metadata import entry_points
 from importlib.resources import files
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 
+from connect_wire import codec, plugins, verbs
 from connect_wire import connectors as shared
-from connect_wire import plugins, verbs
 from connect_wire.client_security import SecurityError
 from connect_wire.cliutil import version
 from connect_wire.errors import ErrorCode, error_name
+from connect_wire.framing import DEFAULT_MAX_FRAME_SIZE
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
     ConnectGroupAlterOffsetsRequest,
@@ -64,6 +65,24 @@ RETRIABLE = {int(ErrorCode.NOT_COORDINATOR), int(ErrorCode.COORDINATOR_NOT_AVAIL
 """Coordinator answers asked again until the request timeout (then 409)."""
 FORBIDDEN = {int(ErrorCode.GROUP_AUTHORIZATION_FAILED), int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)}
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
+MAX_BODY_BYTES = DEFAULT_MAX_FRAME_SIZE
+"""The largest request body read (413 beyond): the coordinator's default frame limit
+(``socket.max.frame.bytes``), so nothing it would refuse by closing the connection is sent."""
+MAX_CONNECTIONS = 256
+"""Open connections served at once; one more is answered 503 and closed, so idle or slow
+clients cannot take the worker's file descriptors (which its tasks and its coordinator
+connections need)."""
+IDLE_TIMEOUT_S = 30.0
+"""A connection with no complete request for this long is closed (Jetty's idle timeout, as
+Kafka Connect's REST server)."""
+HANDSHAKE_TIMEOUT_S = 10.0
+"""A TLS handshake not done by then ends the connection."""
+INT32_MAX = 2**31 - 1
+_INT = re.compile(r"[+-]?[0-9]+")
+_BUSY_BODY = json.dumps({"error_code": 503, "message": "Too many open connections to this "
+                         "worker's REST API; retry later"}).encode()
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 TASKS_MAX = "tasks.max"
 CONNECTOR_CLASS = "connector.class"
 STOPPED_FOR_OFFSETS = ("Connectors must be in the STOPPED state before their offsets can be "
@@ -125,6 +144,54 @@ def _worker_id(url: str | None, fallback: str | None) -> str | None:
     return fallback
 
 
+_TOO_LARGE = (f"the limit is {MAX_BODY_BYTES} bytes (the coordinator's default "
+              "socket.max.frame.bytes)")
+
+
+def _json_type(content_type: str) -> bool:
+    """A body Kafka Connect reads (its resources consume application/json). aiohttp gives
+    ``application/octet-stream`` when no Content-Type was sent: taken as JSON too."""
+    return content_type in ("application/json", "application/octet-stream") or \
+        content_type.endswith("+json")
+
+
+def _location(name: str) -> str:
+    """``Location`` of a connector: its name percent-encoded as a path segment (as JAX-RS's
+    UriBuilder.path), so a client can follow it whatever the name holds."""
+    return "/connectors/" + quote(name, safe="!$&'()*+,;=:@")
+
+
+def _control_chars(name: str) -> list[str]:
+    """Kafka Connect's check of a connector name (ConfigDef's NonEmptyStringWithoutControlChars:
+    Java's Character.isISOControl): one message, or none."""
+    bad = [str(ord(ch)) for ch in name if ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F]
+    if not bad:
+        return []
+    return [f"Invalid value {name} for configuration name: String may not contain control "
+            f"sequences but had the following ASCII chars: {', '.join(bad)}"]
+
+
+def _tasks_max(text: str | None) -> tuple[int, list[str]]:
+    """``tasks.max`` as Kafka Connect's ConfigDef reads an INT at least 1: (count, errors)."""
+    if text is None:
+        return 1, []  # (Kafka Connect's default)
+    trimmed = text.strip()
+    if not (_INT.fullmatch(trimmed) and -INT32_MAX - 1 <= int(trimmed) <= INT32_MAX):
+        return -1, [f"Invalid value {text} for configuration tasks.max: Not a number of type INT"]
+    if int(trimmed) < 1:
+        return -1, [f"Invalid value {text} for configuration tasks.max: Value must be at least 1"]
+    return int(trimmed), []
+
+
+def _config_text(config: Mapping[str, Any]) -> dict[str, str | None]:
+    """A REST config's values as the strings stored (400 for a value that is not a scalar)."""
+    bad = [k for k, v in config.items() if not (v is None or isinstance(v, str | int | float | bool))]
+    if bad:
+        raise RestError(400, f"Config values must be strings: {', '.join(sorted(bad))}")
+    return {k: None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
+            for k, v in config.items()}
+
+
 def _task_number(text: str) -> int:
     if not (text.isascii() and text.isdigit()):
         raise RestError(404, f"Task {text} not found")
@@ -153,7 +220,7 @@ class RestApi:
 
     # -- plumbing ----------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=16 * 1024 * 1024)
+        app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)
         add = self._route(app)
         add("/", GET=self.root)
         add("/health", GET=self.health)
@@ -186,6 +253,8 @@ class RestApi:
             resource = app.router.add_resource(pattern)
             for method, handler in handlers.items():
                 resource.add_route(method, handler)
+            if "GET" in handlers:  # (as Jersey: HEAD is GET without the body)
+                resource.add_route("HEAD", handlers["GET"])
         return add
 
     @web.middleware
@@ -196,6 +265,9 @@ class RestApi:
             return _error_response(401, "User cannot access the resource.",
                                    {"WWW-Authenticate": 'Basic realm="connect-worker"'})
         try:
+            if (request.body_exists and request.match_info.http_exception is None
+                    and not _json_type(request.content_type)):
+                raise RestError(415, "HTTP 415 Unsupported Media Type")
             return await handler(request)
         except RestError as exc:
             return _error_response(exc.status, exc.message)
@@ -203,8 +275,9 @@ class RestApi:
             if exc.status < 400:
                 raise
             headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-            text = (f"HTTP {exc.status} {exc.reason}" if exc.status != 404
-                    else f"HTTP 404 Not Found: no resource {request.path}")
+            text = (f"HTTP 404 Not Found: no resource {request.path}" if exc.status == 404
+                    else f"HTTP 413 Request Entity Too Large: {_TOO_LARGE}" if exc.status == 413
+                    else f"HTTP {exc.status} {exc.reason}")
             return _error_response(exc.status, text, headers)
         except asyncio.CancelledError:
             raise
@@ -233,6 +306,10 @@ class RestApi:
         """``request`` to the group's coordinator; retriable answers and lost connections asked
         again until the request timeout (409 then), authorization refusals 403, other errors
         left to the caller."""
+        size = len(codec.encode(request)) + 512  # (+ the frame's header: less than that)
+        if size > MAX_BODY_BYTES:
+            raise RestError(413, f"The request is too large for the coordinator: about {size} "
+                            f"bytes to send; {_TOO_LARGE}")
         client = self.worker.client
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout_s
@@ -351,7 +428,7 @@ class RestApi:
         g = await self._group()
         expand = {e.strip().lower() for e in request.query.getall("expand", [])}
         names = sorted(c.name for c in g.connectors)
-        if not expand & {"status", "info"}:
+        if "expand" not in request.query:  # (any expand, even an unknown one: a map, as Kafka Connect)
             return web.json_response(names)
         out: dict[str, Any] = {}
         for c in sorted(g.connectors, key=lambda c: c.name):
@@ -369,11 +446,7 @@ class RestApi:
         kept). 400 for what Kafka Connect refuses, the plugin's own ``validate`` included."""
         if not isinstance(config, Mapping):
             raise RestError(400, "The connector configuration must be a JSON object")
-        bad = [k for k, v in config.items() if not (v is None or isinstance(v, str | int | float | bool))]
-        if bad:
-            raise RestError(400, f"Config values must be strings: {', '.join(sorted(bad))}")
-        text = {k: None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
-                for k, v in config.items()}
+        text = _config_text(config)
         given = text.pop("name", None)
         if given is not None and given != name:
             raise RestError(400, f"Connector name configuration ({given}) doesn't match connector "
@@ -385,17 +458,10 @@ class RestApi:
         if not (text.get(CONNECTOR_CLASS) or "").strip():
             raise RestError(400, f"Connector config {dict(config)} contains no connector type")
         errors: dict[str, list[str]] = {}
-        tasks_text = text.pop(TASKS_MAX, None)
-        tasks = 1  # (Kafka Connect's default)
-        if tasks_text is not None:
-            try:
-                tasks = int(tasks_text)
-            except ValueError:
-                tasks = -1
-            if tasks < 1:
-                errors[TASKS_MAX] = [f"Invalid value {tasks_text} for configuration tasks.max: "
-                                     "Value must be at least 1"]
+        tasks, errors[TASKS_MAX] = _tasks_max(text.pop(TASKS_MAX, None))
+        errors["name"] = _control_chars(name)
         errors.update(await self._plugin_errors(name, text))
+        errors = {k: v for k, v in errors.items() if v}
         if errors:
             lines = plugins.error_lines(errors)
             raise RestError(400, f"Connector configuration is invalid and contains the following "
@@ -428,6 +494,8 @@ class RestApi:
         name = body.get("name") or config.get("name")
         if not isinstance(name, str) or not name.strip():
             raise RestError(400, "Connector name must not be empty")
+        name = name.strip()  # (as Kafka Connect)
+        _config_text(config)  # (its values' types, before anything is asked)
         initial = body.get("initial_state")
         if initial is not None and (not isinstance(initial, str) or initial.upper() not in verbs.STATES):
             raise RestError(400, f"Invalid initial_state {initial!r}: one of "
@@ -441,7 +509,7 @@ class RestApi:
         await self._alter(upserts=(self._spec(name, tasks, stored),))
         _, c = await self._connector(name)
         return web.json_response(self.connector_info(c), status=201,
-                                 headers={"Location": f"/connectors/{name}"})
+                                 headers={"Location": _location(name)})
 
     async def info(self, request: web.Request) -> web.Response:
         _, c = await self._connector(request.match_info["c"])
@@ -460,7 +528,7 @@ class RestApi:
         tasks, new = await self._checked(name, config, stored)
         await self._alter(upserts=(self._spec(name, tasks, new),))
         _, c = await self._connector(name)
-        headers = {"Location": f"/connectors/{name}"} if old is None else None
+        headers = {"Location": _location(name)} if old is None else None
         return web.json_response(self.connector_info(c), status=201 if old is None else 200,
                                  headers=headers)
 
@@ -597,7 +665,8 @@ class RestApi:
         name = request.match_info["c"]
         body = await _json_body(request)
         if isinstance(body, dict) and body.get("offsets") in (None, []):
-            raise RestError(400, "The offsets to be modified must not be null or empty")
+            raise RestError(400, "Partitions / offsets need to be provided for an alter offsets "
+                            "request")
         try:
             pairs = shared.offset_pairs(body, "The request body")
         except shared.BadOffsets as exc:
@@ -688,10 +757,17 @@ class RestApi:
         if given is not None and given != plugin:
             raise RestError(400, f"Included connector type {given} does not match request type "
                             f"{plugin}")
-        text = {k: None if v is None else str(v) for k, v in config.items()}
+        text = _config_text(config)
         text[CONNECTOR_CLASS] = plugin
-        name = text.pop("name", None) or ""
-        errors = await self._plugin_errors(name, text)
+        name = text.get("name") or ""
+        # (what create and PUT refuse counts here too: tasks.max, the name, the verbs' keys)
+        errors = await self._plugin_errors(name, {k: v for k, v in text.items()
+                                                  if k not in ("name", TASKS_MAX)})
+        more = {TASKS_MAX: _tasks_max(text.get(TASKS_MAX))[1], "name": _control_chars(name),
+                **{k: ["reserved for Connect's verbs"] for k in text if verbs.is_reserved(k)}}
+        for key, messages in more.items():
+            if messages:
+                errors[key] = [*errors.get(key, []), *messages]
         configs = []
         for key in sorted(set(text) | set(errors)):
             configs.append({
@@ -739,15 +815,26 @@ class RestServer:
         self.api = RestApi(worker, request_timeout_s, users)
         self.host, self.port, self.ssl_context = host, port, ssl_context
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
 
     async def start(self) -> None:
-        """Bind and serve (OSError when the address cannot be bound)."""
+        """Bind and serve (OSError when the address cannot be bound). At most
+        :data:`MAX_CONNECTIONS` connections are served at once (one more gets 503 and is
+        closed) and one idle for :data:`IDLE_TIMEOUT_S` is closed: aiohttp bounds neither."""
         runner = web.AppRunner(self.api.app(), handle_signals=False, access_log=None,
-                               shutdown_timeout=1.0)
+                               shutdown_timeout=1.0, keepalive_timeout=IDLE_TIMEOUT_S)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context)
+        server = runner.server
+        assert server is not None
+        slots = _Slots()
+
+        def connection() -> asyncio.BaseProtocol:
+            return slots.take(server) if slots.free() else _Busy()
+
         try:
-            await site.start()
+            self._listener = await asyncio.get_running_loop().create_server(
+                connection, self.host, self.port, ssl=self.ssl_context, backlog=128,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl_context else None)
         except BaseException:
             await runner.cleanup()
             raise
@@ -757,5 +844,79 @@ class RestServer:
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         if runner is not None:
             await runner.cleanup()
+        if listener is not None:
+            await listener.wait_closed()
+
+
+class _Slots:
+    """The connections served, counted from their accept (a burst of accepts comes before any
+    of their ``connection_made``) to their ``connection_lost``; one whose TLS handshake never
+    completes (no ``connection_made``, no ``connection_lost``) stops counting when asyncio's
+    handshake timeout has ended it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.live: set[_Counted] = set()
+        self.accepted: dict[_Counted, float] = {}  # (not made yet: until when it may still be)
+
+    def free(self) -> bool:
+        now = self.loop.time()
+        for late in [c for c, until in self.accepted.items() if until < now]:
+            del self.accepted[late]
+        return len(self.live) + len(self.accepted) < MAX_CONNECTIONS
+
+    def take(self, server: web.Server) -> _Counted:
+        counted = _Counted(server(), self)
+        self.accepted[counted] = self.loop.time() + HANDSHAKE_TIMEOUT_S + 1.0
+        return counted
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's connection handler, counted in :class:`_Slots` while it is open."""
+
+    def __init__(self, inner: asyncio.Protocol, slots: _Slots) -> None:
+        self.inner, self.slots = inner, slots
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.slots.accepted.pop(self, None)
+        self.slots.live.add(self)
+        self.inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.slots.live.discard(self)
+        self.inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+class _Busy(asyncio.Protocol):
+    """A connection past :data:`MAX_CONNECTIONS`: 503 in Kafka Connect's error body, then closed
+    (within a second: what the client sent is read and dropped meanwhile, so closing does not
+    reset the connection before the client has read the answer)."""
+
+    def connection_made(self, transport: Any) -> None:  # (asyncio's or uvloop's transport)
+        transport.write(_BUSY)
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(1.0, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # (closes it)
