@@ -43,7 +43,10 @@ class Workers:
         self.records = base / "records.jsonl"
         self.records.touch()
         self.users = base / "users.properties"
-        self.users.write_text(f"# REST users\n{USER}={PASSWORD}\nother=x\n")
+        # (java.util.Properties lines, as Kafka's PropertyFileLoginModule reads them: the first
+        # unescaped '=', ':' or blank ends the user; '\' escapes)
+        self.users.write_text(f"# REST users\n{USER}={PASSWORD}\nother=x\ncolon:pa=ss\n"
+                              "spaced  pass word\nesc\\=aped = \\u00e9t\\u00e9\n")
 
     def spawn(self, name: str, auth: bool = False) -> None:
         port = _free_port()
@@ -347,6 +350,8 @@ def test_basic_auth_on_every_path_and_both_workers_answer_the_same(workers: Work
             status, headers, body = http("GET", base + path, auth=auth)
             assert status == 401 and headers["WWW-Authenticate"].startswith("Basic "), (path, auth)
             assert body["error_code"] == 401
+    for user, password in (("colon", "pa=ss"), ("spaced", "pass word"), ("esc=aped", "\u00e9t\u00e9")):
+        assert http("GET", base + "/", auth=(user, password))[0] == 200, (user, password)
     status, _, body = http("POST", f"{base}/connectors", connector(workers, "authd", tasks=1))
     assert status == 401 and "authd" not in http("GET", f"{workers.urls['w1']}/connectors")[2]
     kc = KafkaConnect(url=base, auth=f"{USER}:{PASSWORD}")

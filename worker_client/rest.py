@@ -40,6 +40,7 @@ from importlib.resources import files
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import javaproperties
 from aiohttp import web
 
 from connect_wire import codec, plugins, verbs
@@ -108,22 +109,17 @@ def _error_response(status: int, message: str, headers: Mapping[str, str] | None
 
 
 def load_users(path: str) -> dict[str, str]:
-    """``user=password`` lines (Kafka's PropertyFileLoginModule format; ``#`` and ``!`` start
-    comments, blank lines skipped). ValueError naming the line for anything else."""
-    users: dict[str, str] = {}
+    """The ``user=password`` file of Kafka's PropertyFileLoginModule: a java.util.Properties
+    file (``=``, ``:`` or blanks separate, ``\\`` escapes, ``#``/``!`` comments), read by
+    javaproperties, as UTF-8. ValueError when it names no user or a user without a password
+    (Kafka would let anyone in with an empty file, and in without a password)."""
     with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line or line[0] in "#!":
-                continue
-            user, sep, password = line.partition("=")
-            if not sep:
-                user, sep, password = line.partition(":")
-            if not sep or not user.strip():
-                raise ValueError(f"{path}:{n}: not user=password")
-            users[user.strip()] = password.strip()
+        users: dict[str, str] = javaproperties.load(f)
     if not users:
         raise ValueError(f"{path}: no user=password line")
+    empty = sorted(user for user, password in users.items() if not password)
+    if empty:
+        raise ValueError(f"{path}: no password for {', '.join(map(repr, empty))}")
     return users
 
 
@@ -522,6 +518,9 @@ class RestApi:
     async def put_config(self, request: web.Request) -> web.Response:
         name = request.match_info["c"]
         config = await _json_body(request)
+        if not isinstance(config, Mapping):
+            raise RestError(400, "The connector configuration must be a JSON object")
+        _config_text(config)  # (its values' types, before anything is asked)
         g = await self._group()
         old = next((c for c in g.connectors if c.name == name), None)
         stored = shared.config_of(old) if old is not None else {}
