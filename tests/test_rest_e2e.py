@@ -490,6 +490,10 @@ def test_names_task_counts_and_shapes_as_kafka_connect(workers: Workers) -> None
     status, _, body = http("POST", f"{base}/connectors", connector(workers, "shapes", tasks=1))
     assert status == 201
     assert http("GET", f"{base}/connectors?expand=nothing")[2]["shapes"] == {}
+    # (no Kafka topics: Kafka Connect's answer with topic tracking off)
+    for method, path in (("GET", "/connectors/shapes/topics"), ("PUT", "/connectors/shapes/topics/reset")):
+        status, _, body = http(method, base + path)
+        assert (status, body) == (403, {"error_code": 403, "message": "Topic tracking is disabled."})
     with urllib.request.urlopen(urllib.request.Request(f"{base}/connectors", method="HEAD"),
                                 timeout=30) as resp:
         assert resp.status == 200 and resp.read() == b""

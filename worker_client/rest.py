@@ -234,6 +234,8 @@ class RestApi:
         add("/connectors/{c}/stop", PUT=self.stop)
         add("/connectors/{c}/offsets", GET=self.get_offsets, PATCH=self.alter_offsets,
             DELETE=self.reset_offsets)
+        add("/connectors/{c}/topics", GET=self.topics)
+        add("/connectors/{c}/topics/reset", PUT=self.topics)
         add("/connector-plugins", GET=self.connector_plugins)
         add("/connector-plugins/{p}/config/validate", PUT=self.validate)
         add("/ui", GET=self.ui)
@@ -725,6 +727,10 @@ class RestApi:
         if resp.error_code:
             return None, f"{error_name(resp.error_code)}: {message_of(resp)}"
         return len(resp.offsets), None
+    async def topics(self, request: web.Request) -> web.Response:
+        """Kafka Connect's answer with topic tracking off (``topic.tracking.enable=false``):
+        connectors here write to no Kafka topics, so there is nothing to track."""
+        raise RestError(403, "Topic tracking is disabled.")
 
     # -- plugins -----------------------------------------------------------------------------
     async def connector_plugins(self, request: web.Request) -> web.Response:
