@@ -544,6 +544,20 @@ def test_a_body_larger_than_the_coordinator_takes_is_refused_at_once(workers: Wo
     assert http("DELETE", f"{base}/connectors/huge")[0] == 204
 
 
+def test_a_body_that_never_arrives_is_answered_408(workers: Workers) -> None:
+    """A client that sends part of its body and then nothing: 408 once the request timeout
+    (5 s here) has passed, not a connection and a buffer held for as long as the client likes."""
+    host, port = workers.urls["w1"].removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(b"PUT /connectors/slow/config HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 1000\r\n\r\n{\"connector.class\": ")
+        answer = s.recv(4096)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer
+    assert json.loads(body) == {"error_code": 408,
+                                "message": "The request body was not received within 5 s"}
+
+
 def test_idle_connections_are_bounded(workers: Workers) -> None:
     """Connections that never finish a request (slowloris) cannot take the worker's file
     descriptors: past MAX_CONNECTIONS a new one is answered 503 and closed at once; once they

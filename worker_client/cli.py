@@ -152,7 +152,8 @@ def parser() -> argparse.ArgumentParser:
                       "user=password lines (Kafka's PropertyFileLoginModule format)")
     rest.add_argument("--rest-request-timeout-ms", type=_ms, default=30_000, metavar="MS",
                       help="how long a request waits for the group's coordinator (retrying while "
-                      "it moves or is unreachable) before answering 409 (default 30000)")
+                      "it moves or is unreachable) before answering 409, and for a request's "
+                      "body before answering 408 (default 30000)")
     client_security.add_arguments(r, "--client-config")
     return p
 

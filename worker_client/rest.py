@@ -194,9 +194,16 @@ def _task_number(text: str) -> int:
     return int(text)
 
 
-async def _json_body(request: web.Request) -> Any:
+async def _json_body(request: web.Request, timeout_s: float) -> Any:
+    """The request's JSON body, read within ``timeout_s`` (408 then: a client trickling its
+    body would hold a connection and its buffer for as long as it likes)."""
     try:
-        return json.loads(await request.read() or b"null")
+        async with asyncio.timeout(timeout_s):
+            data = await request.read()
+    except TimeoutError:
+        raise RestError(408, f"The request body was not received within {timeout_s:g} s") from None
+    try:
+        return json.loads(data or b"null")
     except ValueError as exc:
         raise RestError(400, f"The request body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -483,7 +490,7 @@ class RestApi:
             return {CONNECTOR_CLASS: [f"the config's validator itself failed: {exc}"]}
 
     async def create(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await _json_body(request, self.request_timeout_s)
         if not isinstance(body, dict):
             raise RestError(400, 'The request body must be {"name": ..., "config": {...}}')
         config = body.get("config")
@@ -519,7 +526,7 @@ class RestApi:
 
     async def put_config(self, request: web.Request) -> web.Response:
         name = request.match_info["c"]
-        config = await _json_body(request)
+        config = await _json_body(request, self.request_timeout_s)
         if not isinstance(config, Mapping):
             raise RestError(400, "The connector configuration must be a JSON object")
         _config_text(config)  # (its values' types, before anything is asked)
@@ -536,7 +543,7 @@ class RestApi:
     async def patch_config(self, request: web.Request) -> web.Response:
         name = request.match_info["c"]
         _, old = await self._connector(name)
-        patch = await _json_body(request)
+        patch = await _json_body(request, self.request_timeout_s)
         if not isinstance(patch, dict):
             raise RestError(400, "The connector configuration patch must be a JSON object")
         merged: dict[str, Any] = self.rest_config(old)
@@ -664,7 +671,7 @@ class RestApi:
 
     async def alter_offsets(self, request: web.Request) -> web.Response:
         name = request.match_info["c"]
-        body = await _json_body(request)
+        body = await _json_body(request, self.request_timeout_s)
         if isinstance(body, dict) and body.get("offsets") in (None, []):
             raise RestError(400, "Partitions / offsets need to be provided for an alter offsets "
                             "request")
@@ -755,7 +762,7 @@ class RestApi:
         the plugin's ``validate`` names), the plugin's messages as its errors. The plugin
         declares no config definitions, so each ``definition`` is a plain STRING key."""
         plugin = request.match_info["p"]
-        config = await _json_body(request)
+        config = await _json_body(request, self.request_timeout_s)
         if not isinstance(config, dict):
             raise RestError(400, "The connector configuration must be a JSON object")
         given = config.get(CONNECTOR_CLASS)
