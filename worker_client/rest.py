@@ -704,11 +704,9 @@ class RestApi:
     async def ui_state(self, request: web.Request) -> web.Response:
         """The status page's feed: this worker (with the coordinator address it talks to), the
         group as ``groups describe --json`` shows it (one element of its list), and per
-        connector its REST status and how many source partitions have stored offsets (``null``
-        and ``offsets_error`` when they could not be read)."""
+        connector its REST status and how many source partitions have stored offsets (the
+        describe's count: one request per refresh, however many offsets the connectors keep)."""
         g = await self._group()
-        names = [c.name for c in g.connectors]
-        counts = await asyncio.gather(*(self._offsets_count(name) for name in names))
         m = self.worker.membership
         config = self.worker.config
         coordinator = self.worker.client.coordinator  # (the node it last talked to; None: unknown)
@@ -720,20 +718,11 @@ class RestApi:
                        "state": m.state.value,
                        "coordinator": None if coordinator is None else "{}:{}".format(*coordinator)},
             "group": shared.group_dict(g),
-            "connectors": [{"name": name, "status": self.connector_status(g, name),
-                            "offsets": count, "offsets_error": error}
-                           for name, (count, error) in zip(names, counts, strict=True)]},
+            "connectors": [{"name": c.name, "status": self.connector_status(g, c.name),
+                            "offsets": c.offset_count, "offsets_error": None}
+                           for c in g.connectors]},
             headers={"Cache-Control": "no-store"})
 
-    async def _offsets_count(self, name: str) -> tuple[int | None, str | None]:
-        try:
-            resp = await self._call(ConnectGroupFetchOffsetsRequest(
-                group_id=self.group, connector=name, partitions=None))
-        except RestError as exc:
-            return None, exc.message
-        if resp.error_code:
-            return None, f"{error_name(resp.error_code)}: {message_of(resp)}"
-        return len(resp.offsets), None
     async def topics(self, request: web.Request) -> web.Response:
         """Kafka Connect's answer with topic tracking off (``topic.tracking.enable=false``):
         connectors here write to no Kafka topics, so there is nothing to track."""
