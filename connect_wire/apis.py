@@ -3,7 +3,8 @@
 Both sides use it: the coordinator to route and to answer ApiVersions, the worker client to
 pick classes. The connect APIs (10000-10008) are our generated classes; the Kafka APIs the
 coordinator answers (ApiVersions, Metadata, FindCoordinator, DescribeGroups, ListGroups,
-SaslHandshake, SaslAuthenticate) are kio's own classes, not regenerated. Header versions follow
+SaslHandshake, SaslAuthenticate, DescribeConfigs, IncrementalAlterConfigs, the ACL and SCRAM
+APIs) are kio's own classes, not regenerated. Header versions follow
 Kafka: a flexible request version uses request header v2 (else v1); a flexible response version
 uses response header v1 (else v0), except ApiVersions, whose responses always use response
 header v0.
@@ -14,6 +15,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from functools import cache
+
+from kio.static.constants import EntityType
 
 from connect_wire import messages
 
@@ -30,6 +33,8 @@ class ApiKey:
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     SASL_AUTHENTICATE = 36
+    DESCRIBE_CONFIGS = 32
+    INCREMENTAL_ALTER_CONFIGS = 44
     DESCRIBE_ACLS = 29
     CREATE_ACLS = 30
     DELETE_ACLS = 31
@@ -89,6 +94,11 @@ APIS: dict[int, API] = {
         API(ApiKey.DESCRIBE_ACLS, "DescribeAcls", 1, 3, "describe_acls"),
         API(ApiKey.CREATE_ACLS, "CreateAcls", 1, 3, "create_acls"),
         API(ApiKey.DELETE_ACLS, "DeleteAcls", 1, 3, "delete_acls"),
+        # Group configs (coordinator/server/group_configs.py): DescribeConfigs v1-4 as Kafka 4
+        # (KIP-896 removed v0), IncrementalAlterConfigs v0-1.
+        API(ApiKey.DESCRIBE_CONFIGS, "DescribeConfigs", 1, 4, "describe_configs"),
+        API(ApiKey.INCREMENTAL_ALTER_CONFIGS, "IncrementalAlterConfigs", 0, 1,
+            "incremental_alter_configs"),
         API(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, "DescribeUserScramCredentials", 0, 0,
             "describe_user_scram_credentials"),
         API(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, "AlterUserScramCredentials", 0, 0,
@@ -114,9 +124,13 @@ def api(key: int) -> API | None:
 def _kio_class(module: str, version: int, kind: str) -> type:
     mod = importlib.import_module(f"kio.schema.{module}.v{version}.{kind}")
     suffix = "Request" if kind == "request" else "Response"
+    entity = EntityType.request if kind == "request" else EntityType.response
+    # (by entity type, not name only: IncrementalAlterConfigs' module also has a nested
+    # AlterConfigsResourceResponse)
     classes = [
         obj for name, obj in vars(mod).items()
         if isinstance(obj, type) and name.endswith(suffix) and obj.__module__ == mod.__name__
+        and getattr(obj, "__type__", None) is entity
     ]
     if len(classes) != 1:
         raise LookupError(f"kio.schema.{module}.v{version}.{kind}: expected one {suffix} class")

@@ -27,7 +27,9 @@ from connect_wire.records import (
     GroupMetadataKey,
     TargetAssignmentMemberKey,
 )
-from coordinator.group.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT, GroupCoordinatorConfig
+from coordinator.group.config import GROUP_HEARTBEAT_INTERVAL as HEARTBEAT_INTERVAL
+from coordinator.group.config import GROUP_SESSION_TIMEOUT as SESSION_TIMEOUT
+from coordinator.group.config import GroupCoordinatorConfig
 from coordinator.group.coordinator import GroupCoordinator, RequestContext
 from coordinator.group.invariants import epochs as invariant_epochs
 from coordinator.group.model import HELD_EPOCH, CurrentAssignment, MemberState
@@ -543,22 +545,49 @@ def test_per_group_overrides_of_interval_and_session_timeout() -> None:
     # Another group keeps the defaults.
     assert h.join("X", group_id="other").heartbeat_interval_ms == 3_000
     # Removing an override (None) restores the default.
-    code, _ = h.apply(h.coordinator.alter_group_config("g", {HEARTBEAT_INTERVAL: None}, h.now))
-    assert code == 0 and h.group().configs == {SESSION_TIMEOUT: "2000"}
+    # The whole resulting set is checked: the default interval (3 s) with the 2 s override
+    # of the session timeout is refused, nothing written.
+    before = len(h.log)
+    code, text = h.apply(h.coordinator.alter_group_config("g", {HEARTBEAT_INTERVAL: None}, h.now))
+    assert code == E.INVALID_CONFIG and "(2000) must be greater than" in text
+    assert len(h.log) == before and h.group().configs == {HEARTBEAT_INTERVAL: "500",
+                                                          SESSION_TIMEOUT: "2000"}
+    code, _ = h.apply(h.coordinator.alter_group_config(
+        "g", {HEARTBEAT_INTERVAL: None, SESSION_TIMEOUT: " 4000 "}, h.now))
+    assert code == 0 and h.group().configs == {SESSION_TIMEOUT: "4000"}
     r = h.join("W1")
-    assert r.heartbeat_interval_ms == 3_000 and h.timers[("session", "g", "W1")] == h.now + 2_000
-    h.advance(2_000)
+    assert r.heartbeat_interval_ms == 3_000 and h.timers[("session", "g", "W1")] == h.now + 4_000
+    h.advance(4_000)
     assert "W1" not in h.group().members
+    # validate_only: checked, not written.
+    before = len(h.log)
+    assert h.apply(h.coordinator.alter_group_config(
+        "g", {SESSION_TIMEOUT: "6000"}, h.now, validate_only=True)) == (0, None)
+    assert len(h.log) == before and h.group().configs == {SESSION_TIMEOUT: "4000"}
+    # A SET creates a group that does not exist yet; a DELETE there writes nothing.
+    assert h.apply(h.coordinator.alter_group_config("new", {SESSION_TIMEOUT: None}, h.now)) == (0, None)
+    assert "new" not in h.state.groups
+    assert h.apply(h.coordinator.alter_group_config("new", {SESSION_TIMEOUT: "6000"}, h.now)) == (0, None)
+    assert h.coordinator.group_configs("new") == {SESSION_TIMEOUT: "6000"}
+    assert h.coordinator.group_configs("absent") == {}
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"group.connect.unknown": "1"}, "unknown group configuration"),
-        ({SESSION_TIMEOUT: "soon"}, "must be an integer"),
-        ({SESSION_TIMEOUT: "10"}, "must be within [1000, 300000]"),
-        ({HEARTBEAT_INTERVAL: "99999999"}, "must be within [100, 60000]"),
-        ({HEARTBEAT_INTERVAL: "20000"}, "must be smaller than"),  # >= the default session 10 s
+        ({"connect.unknown": "1"}, "Unknown group config name: connect.unknown"),
+        ({SESSION_TIMEOUT: "soon"}, "Invalid value soon for configuration "
+                                    "connect.session.timeout.ms: Not a number of type INT"),
+        ({SESSION_TIMEOUT: "1_000"}, "Not a number of type INT"),
+        ({SESSION_TIMEOUT: "10"}, "connect.session.timeout.ms must be greater than or equal to "
+                                  "group.connect.min.session.timeout.ms (1000)"),
+        ({HEARTBEAT_INTERVAL: "99999999"}, "connect.heartbeat.interval.ms must be less than or "
+                                           "equal to group.connect.max.heartbeat.interval.ms "
+                                           "(60000)"),
+        # >= the default session 10 s
+        ({HEARTBEAT_INTERVAL: "20000"}, "connect.session.timeout.ms (10000) must be greater than "
+                                        "connect.heartbeat.interval.ms (20000)"),
+        ({SESSION_TIMEOUT: "3000"}, "must be greater than connect.heartbeat.interval.ms (3000)"),
     ],
 )
 def test_invalid_group_config_override(overrides: dict[str, str], message: str) -> None:
@@ -573,7 +602,7 @@ def test_invalid_group_config_override(overrides: dict[str, str], message: str) 
 def test_group_config_needs_a_group_id() -> None:
     h = Harness()
     code, text = h.apply(h.coordinator.alter_group_config("", {SESSION_TIMEOUT: "2000"}, 0))
-    assert code == E.INVALID_REQUEST and "GroupId must be non-empty" in text
+    assert code == E.INVALID_REQUEST and "Default group resources are not allowed." in text
 
 
 # == assignor selection and the chosen worker ==========================================================
@@ -1120,7 +1149,6 @@ def test_group_states() -> None:
 def test_empty_group_without_connectors_is_deleted_after_retention() -> None:
     h = Harness(GroupCoordinatorConfig(empty_group_retention_ms=60_000))
     h.join("W1")
-    h.apply(h.coordinator.alter_group_config("g", {SESSION_TIMEOUT: "20000"}, h.now))
     h.advance(1_000)
     assert h.heartbeat("W1", -1).error_code == 0
     left = h.now
@@ -1135,6 +1163,28 @@ def test_empty_group_without_connectors_is_deleted_after_retention() -> None:
     assert h.coordinator.list_groups() == []
     # Every key the group ever wrote ends with a tombstone (nothing is left after compaction).
     assert {type(k).__name__: v for k, v in last_values(h).items() if v is not None} == {}
+
+
+def test_an_empty_group_with_config_overrides_is_kept_until_they_are_deleted() -> None:
+    # As Kafka keeps a group's configs apart from the group: an override set before the
+    # workers start, or while they are all away, stays.
+    h = Harness(GroupCoordinatorConfig(empty_group_retention_ms=60_000))
+    h.join("W1")
+    h.apply(h.coordinator.alter_group_config("g", {SESSION_TIMEOUT: "20000"}, h.now))
+    assert h.heartbeat("W1", -1).error_code == 0
+    h.advance(10 * 60_000)
+    assert "g" in h.state.groups and h.coordinator.group_configs("g") == {SESSION_TIMEOUT: "20000"}
+    assert h.apply(h.coordinator.alter_group_config("g", {SESSION_TIMEOUT: None}, h.now)) == (0, None)
+    assert h.timers[("expire", "g", "")] == h.now + 60_000  # a full retention from the deletion
+    h.advance(59_999)
+    assert "g" in h.state.groups
+    h.advance(1)
+    assert "g" not in h.state.groups
+    assert {type(k).__name__: v for k, v in last_values(h).items() if v is not None} == {}
+    # A group created by a SET alone is kept as well.
+    h.apply(h.coordinator.alter_group_config("fresh", {SESSION_TIMEOUT: "20000"}, h.now))
+    h.advance(10 * 60_000)
+    assert h.coordinator.group_configs("fresh") == {SESSION_TIMEOUT: "20000"}
 
 
 def test_empty_group_whose_connectors_were_all_deleted_leaves_nothing_behind() -> None:

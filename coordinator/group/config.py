@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SESSION_TIMEOUT = "group.connect.session.timeout.ms"
 HEARTBEAT_INTERVAL = "group.connect.heartbeat.interval.ms"
-GROUP_OVERRIDES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
+GROUP_SESSION_TIMEOUT = "connect.session.timeout.ms"
+GROUP_HEARTBEAT_INTERVAL = "connect.heartbeat.interval.ms"
+GROUP_OVERRIDES = (GROUP_SESSION_TIMEOUT, GROUP_HEARTBEAT_INTERVAL)
+"""The dynamic group configs (DescribeConfigs / IncrementalAlterConfigs on resource type GROUP),
+named as Kafka's consumer group configs (``consumer.session.timeout.ms``) with ``connect.``; the
+daemon's setting of the same name with ``group.`` in front is each one's default."""
+GROUP_CONFIG_DEFAULTS = {GROUP_SESSION_TIMEOUT: SESSION_TIMEOUT,
+                         GROUP_HEARTBEAT_INTERVAL: HEARTBEAT_INTERVAL}
+"""Each group config -> the daemon setting that is its default (its synonym)."""
+GROUP_CONFIG_DOCS = {
+    GROUP_SESSION_TIMEOUT: "The timeout to detect worker failures of this group: a member that "
+                           "does not heartbeat within it is removed.",
+    GROUP_HEARTBEAT_INTERVAL: "The heartbeat interval given to the members of this group.",
+}
 MAX_TASKS = "group.connect.max.tasks"
 MAX_REBALANCE_TIMEOUT = "group.connect.max.rebalance.timeout.ms"
 MAX_ASSIGNMENT_TIMEOUT = "group.connect.max.assignment.timeout.ms"
@@ -122,36 +136,56 @@ class GroupCoordinatorConfig:
             raise ConfigError("empty group retention must be >= 0")
 
     def for_group(self, overrides: dict[str, str | None]) -> tuple[int, int]:
-        """(session timeout, heartbeat interval) for a group, overrides clamped to bounds."""
-        session = _int(overrides.get(SESSION_TIMEOUT), self.session_timeout_ms)
-        heartbeat = _int(overrides.get(HEARTBEAT_INTERVAL), self.heartbeat_interval_ms)
+        """(session timeout, heartbeat interval) for a group, overrides clamped to bounds (the
+        daemon's bounds may have narrowed since an override was stored)."""
+        session = _int(overrides.get(GROUP_SESSION_TIMEOUT), self.session_timeout_ms)
+        heartbeat = _int(overrides.get(GROUP_HEARTBEAT_INTERVAL), self.heartbeat_interval_ms)
         session = min(max(session, self.min_session_timeout_ms), self.max_session_timeout_ms)
         heartbeat = min(max(heartbeat, self.min_heartbeat_interval_ms),
                         self.max_heartbeat_interval_ms)
         return session, heartbeat
 
-    def validate_overrides(self, overrides: dict[str, str | None]) -> str | None:
-        """An error message if ``overrides`` are invalid, else None."""
+    def group_defaults(self) -> dict[str, int]:
+        """Each group config's default: the daemon's setting."""
+        return {GROUP_SESSION_TIMEOUT: self.session_timeout_ms,
+                GROUP_HEARTBEAT_INTERVAL: self.heartbeat_interval_ms}
+
+    def validate_overrides(self, overrides: dict[str, str | None],
+                           current: dict[str, str | None] | None = None) -> str | None:
+        """An error message if setting ``overrides`` (a value of None: back to the default) on
+        a group whose overrides are ``current`` is invalid, else None. Kafka's checks and
+        messages (``GroupConfig.validate``): a known name, an INT within the daemon's [min, max]
+        (for the names set now: an override the daemon's bounds left behind is clamped where it
+        is used, and does not block changing the other), the session timeout greater than the
+        heartbeat interval as the group would have them."""
         for name, value in overrides.items():
             if name not in GROUP_OVERRIDES:
-                return f"unknown group configuration {name!r} (known: {', '.join(GROUP_OVERRIDES)})"
+                return f"Unknown group config name: {name}"
             if value is None:
                 continue
-            try:
-                number = int(value)
-            except ValueError:
-                return f"{name} must be an integer, got {value!r}"
-            low, high = (
-                (self.min_session_timeout_ms, self.max_session_timeout_ms)
-                if name == SESSION_TIMEOUT
-                else (self.min_heartbeat_interval_ms, self.max_heartbeat_interval_ms)
-            )
-            if not low <= number <= high:
-                return f"{name}={number} must be within [{low}, {high}]"
-        session, heartbeat = self.for_group(overrides)
-        if heartbeat >= session:
-            return f"{HEARTBEAT_INTERVAL} ({heartbeat}) must be smaller than {SESSION_TIMEOUT} ({session})"
+            if not _INT.fullmatch(value):
+                return f"Invalid value {value} for configuration {name}: Not a number of type INT"
+            number = int(value)
+            low, high, setting = (
+                (self.min_session_timeout_ms, self.max_session_timeout_ms, "session.timeout.ms")
+                if name == GROUP_SESSION_TIMEOUT
+                else (self.min_heartbeat_interval_ms, self.max_heartbeat_interval_ms,
+                      "heartbeat.interval.ms"))
+            if number < low:
+                return (f"{name} must be greater than or equal to "
+                        f"group.connect.min.{setting} ({low})")
+            if number > high:
+                return (f"{name} must be less than or equal to "
+                        f"group.connect.max.{setting} ({high})")
+        session, heartbeat = self.for_group({**(current or {}), **overrides})
+        if session <= heartbeat:
+            return (f"{GROUP_SESSION_TIMEOUT} ({session}) must be greater than "
+                    f"{GROUP_HEARTBEAT_INTERVAL} ({heartbeat})")
         return None
+
+
+_INT = re.compile(r"\s*[+-]?[0-9]{1,18}\s*")
+"""An INT as Kafka's ConfigDef parses one (trimmed; no ``1_000`` as Python's int() takes)."""
 
 
 def _int(value: str | None, default: int) -> int:

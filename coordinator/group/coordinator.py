@@ -554,28 +554,46 @@ class GroupCoordinator:
         )
 
     def alter_group_config(
-        self, group_id: str, configs: dict[str, str | None], now_ms: int
+        self, group_id: str, configs: dict[str, str | None], now_ms: int,
+        validate_only: bool = False,
     ) -> Result:
-        """Set per-group overrides (a value of None removes one). Response: (code, message)."""
+        """Set a group's dynamic configs (a value of None: back to the default). The whole
+        resulting set is validated (an override checked with the group's other overrides);
+        ``validate_only`` writes nothing. A group that does not exist yet is created by a SET
+        (its overrides are records of it) and kept while it has overrides, as Kafka keeps a
+        group's configs apart from the group. Response: (code, message)."""
         def run(txn: _Txn) -> tuple[int, str | None]:
             if not group_id:
-                raise _Reject(E.INVALID_REQUEST, "GroupId must be non-empty.")
-            problem = self.config.validate_overrides(configs)
-            if problem:
-                raise _Reject(E.INVALID_CONFIG, problem)
-            g = self._get_or_create_group(txn, group_id, now_ms)
-            merged = dict(g.configs)
+                raise _Reject(E.INVALID_REQUEST, "Default group resources are not allowed.")
+            g = self.state.groups.get(group_id)
+            current = g.configs if g is not None else {}
+            merged = dict(current)
             for name, value in configs.items():
                 if value is None:
                     merged.pop(name, None)
                 else:
                     merged[name] = value
-            if merged != g.configs:
-                txn.write(rec.group_configuration(group_id, merged) if merged
-                          else rec.tombstone(GroupConfigurationKey(group_id=group_id)))
+            problem = self.config.validate_overrides(configs, current)
+            if problem:
+                raise _Reject(E.INVALID_CONFIG, problem)
+            merged = {name: str(int(value)) if name in configs else value
+                      for name, value in merged.items() if value is not None}
+            if validate_only or merged == current:
+                return (0, None)
+            g = self._get_or_create_group(txn, group_id, now_ms)
+            txn.write(rec.group_configuration(group_id, merged) if merged
+                      else rec.tombstone(GroupConfigurationKey(group_id=group_id)))
+            if not merged:  # an empty group is kept a full retention from now
+                g.soft.empty_since_ms = None
+                self._maybe_arm_expiry(txn, g, now_ms)
             return (0, None)
 
         return self._run(run, lambda code, msg: (code, msg), now_ms)
+
+    def group_configs(self, group_id: str) -> dict[str, str]:
+        """A group's dynamic config overrides (none for a group that does not exist)."""
+        g = self.state.groups.get(group_id)
+        return {k: v for k, v in g.configs.items() if v is not None} if g is not None else {}
 
     def on_timer(self, key: TimerKey, now_ms: int) -> Result:
         """A timer set earlier expired at ``now_ms``."""
@@ -1832,16 +1850,19 @@ class GroupCoordinator:
         self._bump(txn, g, now_ms, "scheduled_rebalance", scheduled_at_ms=at)
 
     def _maybe_arm_expiry(self, txn: _Txn, g: Group, now_ms: int) -> None:
-        if g.members or g.connectors or g.offset_garbage:
-            return  # (garbage offsets: their last tombstones arm it)
+        if g.members or g.connectors or g.offset_garbage or g.configs:
+            return  # (garbage offsets: their last tombstones arm it; config overrides: their
+            # deletion does)
         if g.soft.empty_since_ms is None:
             g.soft.empty_since_ms = now_ms
         txn.timer(EXPIRE, g.group_id, "", g.soft.empty_since_ms + self.config.empty_group_retention_ms)
 
     def _on_expire(self, txn: _Txn, g: Group, now_ms: int) -> None:
         since = g.soft.empty_since_ms
-        if g.members or g.connectors or since is None or g.offsets or g.offset_garbage:
-            return  # (garbage offsets: their last tombstones arm the expiry again)
+        if (g.members or g.connectors or since is None or g.offsets or g.offset_garbage
+                or g.configs):
+            return  # (garbage offsets: their last tombstones arm the expiry again; overrides
+            # keep the group until they are deleted, whose write arms it again)
         if since + self.config.empty_group_retention_ms > now_ms:
             return
         gid = g.group_id

@@ -52,7 +52,7 @@ from coordinator.security.listeners import WILDCARDS, describe
 from coordinator.security.service import API_KEYS as SECURITY_API_KEYS
 from coordinator.security.service import SecurityService
 from coordinator.security.tls import server_context
-from coordinator.server import kafka_apis
+from coordinator.server import group_configs, kafka_apis
 from coordinator.server.connection import Connection, Served
 from coordinator.server.heap import HeapTrimmer
 from coordinator.store import partition_store
@@ -281,6 +281,8 @@ class Router:
             return self._connect_describe(req, ctx)
         if api_key in _OFFSET_RESPONSES:
             return self._offsets(api_key, req, ctx)
+        if api_key in group_configs.API_KEYS:  # a group's dynamic configs
+            return self._gather(group_configs.handle(self, api_key, version, req, ctx))
         shard = self.shard_of(req.group_id)
         error = self._error(api_key)
         if self.acl:

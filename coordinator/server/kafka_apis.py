@@ -233,6 +233,10 @@ def error_response(cls: type, request: Any | None, code: int, message: str) -> A
         values["coordinators"] = [
             {"key": k, "node_id": -1, "host": "", "port": -1, "error_code": code,
              "error_message": message} for k in getattr(request, "coordinator_keys", None) or ()]
+        if cls.__api_key__ in (32, 44):  # DescribeConfigs, IncrementalAlterConfigs
+            values["results" if cls.__api_key__ == 32 else "responses"] = [
+                {"error_code": code, "error_message": message, "resource_type": r.resource_type,
+                 "resource_name": r.resource_name, "configs": []} for r in request.resources]
         if cls.__api_key__ == 15:  # DescribeGroups: one entry per requested group
             values["groups"] = [
                 {"error_code": code, "group_id": g, "group_state": "", "protocol_type": "",
