@@ -262,10 +262,12 @@ class OutcomeUnknown(AdminError):
 
 
 def _error_of(resp: Any) -> int:
-    """The error that decides a retry: the response's own, else its one group's (Describe)."""
+    """The error that decides a retry: the response's own, else its one group's (Describe) or
+    its one resource's (DescribeConfigs, IncrementalAlterConfigs)."""
     code = getattr(resp, "error_code", None)
     if code is None:
-        groups = getattr(resp, "groups", None) or ()
+        groups = (getattr(resp, "groups", None) or getattr(resp, "results", None)
+                  or getattr(resp, "responses", None) or ())
         code = groups[0].error_code if len(groups) == 1 else 0
     return int(code or 0)
 
@@ -518,6 +520,36 @@ class AdminSession:
                 merged.setdefault(g.group_id, g.group_state)
         listing.groups = sorted(merged.items())
         return listing
+
+    def owner_call(self, request: Any) -> Any:
+        """Send ``request`` (about one group, without FindCoordinator) to every node Metadata
+        lists, in turn, until one answers with something else than NOT_COORDINATOR,
+        COORDINATOR_NOT_AVAILABLE or COORDINATOR_LOAD_IN_PROGRESS; rounds repeated with backoff
+        until ``timeout_s``. For the config APIs: Kafka's clients send them to any broker, and
+        FindCoordinator needs DESCRIBE on the group, which a principal allowed only
+        DESCRIBE_CONFIGS does not have."""
+        deadline = self._deadline()
+        failures = 0
+        while True:
+            _, nodes = self.nodes()
+            last: Exception | None = None
+            for node in nodes:
+                try:
+                    resp = self._call_at(node.address, request, len(nodes))
+                except AdminError as exc:
+                    last = exc
+                    continue
+                code = _error_of(resp)
+                if code not in REDISCOVER and code not in RETRY_SAME_NODE:
+                    return resp
+                last = CoordinatorError(code, None)
+            failures += 1
+            pause = random.uniform(self.backoff_s / 2, min(self.max_backoff_s,
+                                                           self.backoff_s * 2 ** min(failures, 16)))
+            if time.monotonic() + pause > deadline:
+                raise AdminError(f"no node answered as the group's coordinator within "
+                                 f"{self.timeout_s:g}s (last: {last})")
+            self.sleep(pause)
 
     def group_call(self, group_id: str, request: Any, resend_if_lost: bool = True) -> Any:
         """Send ``request`` to ``group_id``'s coordinator and return its answer.

@@ -14,6 +14,7 @@
     connect-coordinator connectors offsets reset --group G NAME [--validate-only]
     connect-coordinator groups list [--json]
     connect-coordinator groups describe G [G ...] [--json]
+    connect-coordinator groups configs --group G [--set NAME=VALUE ...] [--delete NAME ...] [--json]
     connect-coordinator users list|add|delete ...      SCRAM users (coordinator/security/cli.py)
     connect-coordinator acls list|add|delete ...       ACLs
 
@@ -40,6 +41,7 @@ from typing import Any
 from connect_wire import client_security, plugins, verbs
 from connect_wire import connectors as shared
 from connect_wire.addresses import Address, parse_bootstrap
+from connect_wire.apis import APIS, ApiKey
 from connect_wire.cliutil import StrictParser, add_version
 from connect_wire.connectors import group_dict as _group_dict
 from connect_wire.connectors import utc as _utc
@@ -55,6 +57,7 @@ from connect_wire.messages import connect_group_alter_offsets_request_v0 as _alt
 from coordinator.admin import AdminError, AdminSession
 from coordinator.group.config import ConfigError
 from coordinator.group.offsets import OffsetError, canonical_object
+from coordinator.server import kafka_apis
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
@@ -232,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
     orr.add_argument("--json", action="store_true",
                      help='Kafka Connect\'s answer: {"message": ...}')
 
-    groups = sub.add_parser("groups", help="list or describe groups")
+    groups = sub.add_parser("groups", help="list or describe groups, or their dynamic configs")
     gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
     gl = admin(gsub, "list", "list connect groups and their states (every node asked; a node "
                "that fails is named on stderr, exit 1)")
@@ -240,6 +243,18 @@ def parser() -> argparse.ArgumentParser:
     gd = admin(gsub, "describe", "members, epochs and assignments of groups")
     gd.add_argument("groups", nargs="+", metavar="GROUP")
     gd.add_argument("--json", action="store_true")
+    gc = admin(gsub, "configs", "a group's dynamic configs (connect.session.timeout.ms, "
+               "connect.heartbeat.interval.ms): describe them, or change them with --set and "
+               "--delete (back to the daemon's default); DescribeConfigs and "
+               "IncrementalAlterConfigs on the group, as Kafka's kafka-configs.sh")
+    gc.add_argument("--group", required=True, metavar="GROUP")
+    gc.add_argument("--set", type=_kv, action="append", default=[], metavar="NAME=VALUE",
+                    help="set a config of the group (repeatable)")
+    gc.add_argument("--delete", action="append", default=[], metavar="NAME",
+                    help="remove a config's override: the daemon's default applies (repeatable)")
+    gc.add_argument("--validate-only", action="store_true",
+                    help="check the change, write nothing")
+    gc.add_argument("--json", action="store_true")
     from coordinator.security.cli import add_commands
     add_commands(sub, admin)  # users, acls
     return p
@@ -523,6 +538,9 @@ def cmd_groups(args: argparse.Namespace, out: Any) -> None:
                      "node(s) failed (shown: what the nodes answered):"]
                     + [f"  {node}: {what}" for node, what in listing.failures]))
             return
+        if args.action == "configs":
+            _group_configs(client, args, out)
+            return
         described = _describe(client, args.groups)
         dicts = [_group_dict(g) for g in described]
         if args.json:
@@ -533,6 +551,47 @@ def cmd_groups(args: argparse.Namespace, out: Any) -> None:
         for g in described:
             if g.error_code and g.error_code != 10001:
                 raise CliError(f"{error_name(g.error_code)}: {g.error_message}")
+
+
+_SOURCES = {5: "DEFAULT_CONFIG", 8: "GROUP_CONFIG"}
+
+
+def _group_configs(client: AdminSession, args: argparse.Namespace, out: Any) -> None:
+    """``groups configs``: IncrementalAlterConfigs (SET, DELETE) when asked to change, then
+    DescribeConfigs of the group (resource type GROUP, 32), at the node coordinating it (the
+    nodes asked in turn: no FindCoordinator, which would need DESCRIBE on the group)."""
+    group = args.group
+    if not group:
+        raise CliError("--group must not be empty")
+    names = [k for k, _ in args.set] + list(args.delete)
+    if len(set(names)) != len(names):
+        raise CliError(f"a config named twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+    if names:
+        ops = [{"name": k, "config_operation": 0, "value": v} for k, v in args.set] + [
+            {"name": k, "config_operation": 1, "value": None} for k in args.delete]
+        alter = kafka_apis.build(APIS[ApiKey.INCREMENTAL_ALTER_CONFIGS].request_class(1), {
+            "resources": [{"resource_type": 32, "resource_name": group, "configs": ops}],
+            "validate_only": args.validate_only})
+        resp = client.owner_call(alter)  # (resent if lost: SET and DELETE are idempotent)
+        r = resp.responses[0]
+        _check(r.error_code, r.error_message)
+    describe = kafka_apis.build(APIS[ApiKey.DESCRIBE_CONFIGS].request_class(4), {
+        "resources": [{"resource_type": 32, "resource_name": group, "configuration_keys": None}],
+        "include_synonyms": True, "include_documentation": False})
+    result = client.owner_call(describe).results[0]
+    _check(result.error_code, result.error_message)
+    configs = [{"name": c.name, "value": c.value, "source": _SOURCES.get(c.config_source,
+                                                                         str(c.config_source)),
+                "default": next((s.value for s in c.synonyms if s.source == 5), None)}
+               for c in result.configs]
+    if args.json:
+        out.write(json.dumps({"group": group, "validate_only": args.validate_only,
+                              "configs": configs}, indent=2) + "\n")
+        return
+    if names and args.validate_only:
+        out.write("valid (validate-only: nothing written); the group's configs now:\n")
+    out.write(_table([[c["name"], c["value"], c["source"], c["default"]] for c in configs],
+                     ["NAME", "VALUE", "SOURCE", "DEFAULT"]) + "\n")
 
 
 def _write_group(out: Any, g: dict[str, Any]) -> None:

@@ -270,6 +270,9 @@ def test_invalid_acls(acl: AclBinding, problem: str) -> None:
 
 def test_parse_names_and_codes() -> None:
     assert Operation.parse("describe-configs") is Operation.DESCRIBE_CONFIGS
+    # kafka-acls.sh's own spelling
+    assert Operation.parse("DescribeConfigs") is Operation.DESCRIBE_CONFIGS
+    assert Operation.parse("ClusterAction") is Operation.CLUSTER_ACTION
     assert Operation.parse(3) is Operation.READ
     assert Operation.from_code(99) is Operation.UNKNOWN
     with pytest.raises(ValueError, match="unknown Operation"):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -86,16 +87,21 @@ def _same_host(acl_host: str, host: str) -> bool:
     return a is not None and a == _address(host)
 
 
+_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
+
+
 class _Named(IntEnum):
     """An enum with Kafka's codes, parsed from a code, a member or a name in any case
-    (``"read"``, ``"Read"``, ``"DESCRIBE_CONFIGS"``, ``"describe-configs"``)."""
+    (``"read"``, ``"Read"``, ``"DESCRIBE_CONFIGS"``, ``"describe-configs"``,
+    ``"DescribeConfigs"``)."""
 
     @classmethod
     def parse(cls, value: int | str | _Named) -> Self:
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
-            name = value.strip().upper().replace("-", "_")
+            # (CamelCase as kafka-acls.sh writes it: DescribeConfigs, ClusterAction)
+            name = _CAMEL.sub("_", value.strip()).upper().replace("-", "_")
             try:
                 return cls[name]
             except KeyError:

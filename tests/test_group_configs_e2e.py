@@ -1,0 +1,325 @@
+"""A group's dynamic configs through Kafka's own clients, against the real daemon.
+
+DescribeConfigs and IncrementalAlterConfigs on resource type GROUP (32), as Kafka 4 serves its
+consumer groups': kafka-python 3.x (``KafkaAdminClient.describe_configs`` / ``alter_configs`` /
+``reset_configs`` with ``ConfigResourceType.GROUP``) and confluent-kafka (``ResourceType.GROUP``,
+which librdkafka sends as 32; ``describe_configs``, ``incremental_alter_configs``). Every bad
+input gets Kafka's error and leaves the group's configs as they were; the overrides survive a
+restart (file store and etcd); a real ``connect-worker``'s heartbeats follow the interval; with
+``authorizer = "acl"`` describing needs DESCRIBE_CONFIGS and altering ALTER_CONFIGS on the group;
+``connect-coordinator groups configs`` does both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connect_wire.errors import ErrorCode as E
+from connect_wire.messages import ConnectGroupHeartbeatRequest
+from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli
+from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
+from tests.secure_server import Raw
+
+SESSION = "connect.session.timeout.ms"
+INTERVAL = "connect.heartbeat.interval.ms"
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[DaemonPool]:
+    with DaemonPool(tmp_path) as p:
+        yield p
+
+
+def cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    r = run_cli(*args)
+    if ok:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def kp_admin(d: Daemon) -> Any:
+    from kafka import KafkaAdminClient
+    return KafkaAdminClient(bootstrap_servers=d.bootstrap, request_timeout_ms=10000)
+
+
+def kp_configs(admin: Any, group: str, config_filter: str = "all") -> dict[str, dict[str, Any]]:
+    from kafka.admin import ConfigResource, ConfigResourceType
+    got = admin.describe_configs([ConfigResource(ConfigResourceType.GROUP, group)],
+                                 include_synonyms=True, config_filter=config_filter)
+    return got.get("group", {}).get(group, {})
+
+
+def kp_alter(admin: Any, group: str, configs: dict[str, Any], **kw: Any) -> str:
+    from kafka.admin import ConfigResource, ConfigResourceType
+    got = admin.alter_configs([ConfigResource(ConfigResourceType.GROUP, group, configs=configs)],
+                              raise_on_unknown=kw.pop("raise_on_unknown", False), **kw)
+    return got["group"][group]
+
+
+def test_kafka_python_describes_alters_resets_and_the_overrides_survive_a_restart(
+        tmp_path: Path, pool: DaemonPool) -> None:
+    import kafka
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    assert kafka.__version__.startswith("3.")
+    d = pool.start(tmp_path / "data")
+    admin = kp_admin(d)
+    # A group that does not exist describes the defaults (the daemon's settings, here the test
+    # fixture's 2000/200): every config, DEFAULT_CONFIG, not read-only, INT, the daemon setting
+    # as synonym; the default filter ('modified') shows none.
+    got = kp_configs(admin, "orders")
+    assert {k: (v["value"], v["config_source"], v["read_only"], v["config_type"])
+            for k, v in got.items()} == {
+        SESSION: ("2000", "DEFAULT_CONFIG", False, "INT"),
+        INTERVAL: ("200", "DEFAULT_CONFIG", False, "INT")}
+    assert got[SESSION]["synonyms"] == [{"name": "group.connect.session.timeout.ms",
+                                         "value": "2000", "source": "DEFAULT_CONFIG"}]
+    assert kp_configs(admin, "orders", "modified") == {}
+    # SET (IncrementalAlterConfigs: the daemon advertises it): both, in one request.
+    assert kp_alter(admin, "orders", {SESSION: "3000", INTERVAL: "150"}) == "OK"
+    got = kp_configs(admin, "orders", "modified")
+    assert {k: (v["value"], v["config_source"]) for k, v in got.items()} == {
+        SESSION: ("3000", "DYNAMIC_GROUP_CONFIG"), INTERVAL: ("150", "DYNAMIC_GROUP_CONFIG")}
+    assert [s["source"] for s in got[SESSION]["synonyms"]] == ["DYNAMIC_GROUP_CONFIG",
+                                                              "DEFAULT_CONFIG"]
+    # validate_only: checked, nothing written.
+    assert kp_alter(admin, "orders", {SESSION: "4000"}, validate_only=True) == "OK"
+    assert kp_alter(admin, "orders", {SESSION: "5"}, validate_only=True).startswith("[Error 40]")
+    # Every bad input: Kafka's error, the configs untouched.
+    expected = {SESSION: "3000", INTERVAL: "150"}
+    for configs, error in [
+        ({INTERVAL: "5"}, "[Error 40] InvalidConfigurationError: connect.heartbeat.interval.ms "
+                          "must be greater than or equal to group.connect.min.heartbeat"
+                          ".interval.ms (100)"),
+        ({SESSION: "999999999"}, "[Error 40] InvalidConfigurationError: connect.session.timeout"
+                                 ".ms must be less than or equal to group.connect.max.session"
+                                 ".timeout.ms (300000)"),
+        ({INTERVAL: "3000"}, "[Error 40] InvalidConfigurationError: connect.session.timeout.ms "
+                             "(3000) must be greater than connect.heartbeat.interval.ms (3000)"),
+        ({SESSION: "soon"}, "[Error 40] InvalidConfigurationError: Invalid value soon for "
+                            "configuration connect.session.timeout.ms: Not a number of type INT"),
+        ({"connect.unknown.ms": "1"}, "[Error 40] InvalidConfigurationError: Unknown group "
+                                      "config name: connect.unknown.ms"),
+        ({SESSION: ("APPEND", "1")}, "[Error 40] InvalidConfigurationError: Can't APPEND to key "
+                                     "connect.session.timeout.ms because its type is not LIST."),
+        ({SESSION: ("SUBTRACT", "1")}, "[Error 40] InvalidConfigurationError: Can't SUBTRACT"),
+    ]:
+        assert kp_alter(admin, "orders", configs).startswith(error), configs
+        got = kp_configs(admin, "orders", "modified")
+        assert {k: v["value"] for k, v in got.items()} == expected, configs
+    # kafka-python's own check (a describe first) refuses an unknown name before sending.
+    with pytest.raises(ValueError, match="Unrecognized configs"):
+        kp_alter(admin, "orders", {"connect.unknown.ms": "1"}, raise_on_unknown=True)
+    # Resources are answered one by one: an empty group name (INVALID_REQUEST) and a topic
+    # (this daemon has none) do not fail the group's change in the same request.
+    got = admin.alter_configs([
+        ConfigResource(ConfigResourceType.GROUP, "", configs={SESSION: "3000"}),
+        ConfigResource(ConfigResourceType.TOPIC, "t", configs={"retention.ms": "1"}),
+        ConfigResource(ConfigResourceType.GROUP, "payments", configs={SESSION: "6000"}),
+    ], raise_on_unknown=False)
+    assert got["group"][""] == ("[Error 42] InvalidRequestError: Default group resources are "
+                                "not allowed.")
+    assert got["topic"]["t"].startswith("[Error 3] UnknownTopicOrPartitionError")
+    assert got["group"]["payments"] == "OK"
+    # DELETE (reset_configs): back to the default.
+    got = admin.reset_configs([ConfigResource(ConfigResourceType.GROUP, "orders",
+                                              configs=[INTERVAL])])
+    assert got == {"group": {"orders": "OK"}}
+    got = kp_configs(admin, "orders")
+    assert {k: (v["value"], v["config_source"]) for k, v in got.items()} == {
+        SESSION: ("3000", "DYNAMIC_GROUP_CONFIG"), INTERVAL: ("200", "DEFAULT_CONFIG")}
+    admin.close()
+    # The overrides are records of the groups' partitions: a restart replays them.
+    d.stop()
+    d = pool.start(tmp_path / "data")
+    admin = kp_admin(d)
+    assert {k: v["value"] for k, v in kp_configs(admin, "orders", "modified").items()} == {
+        SESSION: "3000"}
+    assert {k: v["value"] for k, v in kp_configs(admin, "payments", "modified").items()} == {
+        SESSION: "6000"}
+    admin.close()
+
+
+def test_confluent_kafka_describe_and_incremental_alter(pool: DaemonPool) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ConfigSource,
+        ResourceType,
+    )
+
+    d = pool.start()
+    admin = AdminClient({"bootstrap.servers": d.bootstrap})
+
+    def describe(group: str) -> dict[str, Any]:
+        (future,) = admin.describe_configs([ConfigResource(ResourceType.GROUP, group)]).values()
+        return future.result(timeout=20)
+
+    def alter(group: str, *ops: tuple[str, str | None, Any], validate_only: bool = False) -> Any:
+        resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=op) for name, value, op in ops])
+        (future,) = admin.incremental_alter_configs(
+            [resource], validate_only=validate_only).values()
+        return future.result(timeout=20)
+
+    got = describe("billing")
+    assert {k: (v.value, v.source, v.is_read_only, v.is_default) for k, v in got.items()} == {
+        SESSION: ("2000", ConfigSource.DEFAULT_CONFIG.value, False, True),
+        INTERVAL: ("200", ConfigSource.DEFAULT_CONFIG.value, False, True)}
+    assert alter("billing", (INTERVAL, "300", AlterConfigOpType.SET),
+                 (SESSION, "4000", AlterConfigOpType.SET)) is None
+    got = describe("billing")
+    assert {k: (v.value, v.source) for k, v in got.items()} == {
+        SESSION: ("4000", ConfigSource.GROUP_CONFIG.value),
+        INTERVAL: ("300", ConfigSource.GROUP_CONFIG.value)}
+    alter("billing", (INTERVAL, "500", AlterConfigOpType.SET), validate_only=True)
+    assert describe("billing")[INTERVAL].value == "300"
+    for ops, code, text in [
+        (((SESSION, "100", AlterConfigOpType.SET),), 40, "greater than or equal to"),
+        (((INTERVAL, "4000", AlterConfigOpType.SET),), 40, "must be greater than"),
+        ((("connect.nope", "1", AlterConfigOpType.SET),), 40, "Unknown group config name"),
+        (((SESSION, "1", AlterConfigOpType.APPEND),), 40, "Can't APPEND"),
+    ]:
+        with pytest.raises(KafkaException) as raised:
+            alter("billing", *ops)
+        error = raised.value.args[0]
+        assert (error.code(), text in error.str()) == (code, True), error
+        assert {k: v.value for k, v in describe("billing").items()} == {SESSION: "4000",
+                                                                        INTERVAL: "300"}
+    # DELETE: back to the default.
+    alter("billing", (INTERVAL, None, AlterConfigOpType.DELETE))
+    got = describe("billing")
+    assert (got[INTERVAL].value, got[INTERVAL].source) == ("200",
+                                                           ConfigSource.DEFAULT_CONFIG.value)
+
+
+def _heartbeats(d: Daemon) -> float:
+    assert d.metrics_url is not None
+    text = urllib.request.urlopen(f"{d.metrics_url}/metrics", timeout=10).read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(
+        r'connect_coordinator_requests_total\{api="ConnectGroupHeartbeat"[^}]*\} (\S+)', text))
+
+
+def test_a_real_worker_heartbeats_at_the_group_interval(tmp_path: Path, pool: DaemonPool) -> None:
+    d = pool.start(tmp_path / "data")
+    cli("connectors", "create", "--bootstrap", d.bootstrap, "--group", "demo", "c", "--tasks",
+        "1", "--config", "connector.class=worker_client.examples.recording:RecordingConnector")
+    w = subprocess.Popen([sys.executable, "-m", "worker_client.cli", "run", "--bootstrap",
+                          d.bootstrap, "--group", "demo", "--instance-id", "w1"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env=daemon_env(), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while "Stable" not in cli("groups", "list", "--bootstrap", d.bootstrap).stdout:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+        def counted(seconds: float) -> float:
+            start = _heartbeats(d)
+            time.sleep(seconds)
+            return _heartbeats(d) - start
+
+        fast = counted(3)  # at the daemon's 200 ms
+        out = cli("groups", "configs", "--bootstrap", d.bootstrap, "--group", "demo",
+                  "--set", f"{INTERVAL}=1500", "--set", f"{SESSION}=6000", "--json").stdout
+        assert {c["name"]: (c["value"], c["source"]) for c in json.loads(out)["configs"]} == {
+            SESSION: ("6000", "GROUP_CONFIG"), INTERVAL: ("1500", "GROUP_CONFIG")}
+        time.sleep(2)  # (the worker's next heartbeat brings it the new interval)
+        slow = counted(3)
+        # The group's every heartbeat answer carries it (an error answer too)...
+        with Raw((d.host, d.port), timeout=30) as raw:
+            r = raw.call(10000, 0, ConnectGroupHeartbeatRequest(
+                group_id="demo", member_id="nobody", member_epoch=3))
+            assert (r.error_code, r.heartbeat_interval_ms) == (E.UNKNOWN_MEMBER_ID, 1500)
+        # ... and the worker follows it: about 15 heartbeats in 3 s before, 2 after (a ratio of
+        # 7.5; asserted with room for a loaded machine).
+        assert fast >= 3 * max(slow, 1), (fast, slow)
+        assert "Stable" in cli("groups", "list", "--bootstrap", d.bootstrap).stdout
+    finally:
+        w.send_signal(signal.SIGTERM)
+        w.wait(15)
+
+
+def test_the_cli_and_the_acls(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (tmp_path / "ops.pw").write_text("ops-secret\n")
+    assert run_cli("users", "add", "--data-dir", str(data), "ops", "--mechanism", "SCRAM-SHA-256",
+                   "--password-file", str(tmp_path / "ops.pw")).returncode == 0
+    conf = tmp_path / "coordinator.toml"
+    conf.write_text('authorizer = "acl"\nsuper.users = "User:ANONYMOUS"\n'
+                    'sasl.enabled.mechanisms = "SCRAM-SHA-256"\n')
+    with DaemonPool(tmp_path) as pool:
+        d = pool.start(data, extra_args=[
+            "--config", str(conf),
+            "--listen", "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"])
+        plain = ("--bootstrap", d.address("PLAINTEXT"), "--group", "g")
+        sasl = ("--bootstrap", d.address("SASL_PLAINTEXT"), "--security-protocol",
+                "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-256", "--sasl-username", "ops",
+                "--sasl-password-file", str(tmp_path / "ops.pw"), "--group", "g")
+        # The CLI: describe (a table), set, delete, errors with a non-zero exit.
+        out = cli("groups", "configs", *plain).stdout
+        assert re.search(rf"{re.escape(SESSION)}\s+2000\s+DEFAULT_CONFIG\s+2000", out), out
+        cli("groups", "configs", *plain, "--set", f"{SESSION}=5000", "--set", f"{INTERVAL}=400")
+        out = cli("groups", "configs", *plain, "--delete", INTERVAL).stdout
+        assert re.search(rf"{re.escape(SESSION)}\s+5000\s+GROUP_CONFIG\s+2000", out), out
+        assert re.search(rf"{re.escape(INTERVAL)}\s+200\s+DEFAULT_CONFIG\s+200", out), out
+        bad = cli("groups", "configs", *plain, "--set", f"{INTERVAL}=9000", ok=False)
+        assert bad.returncode == 1
+        assert bad.stderr.strip() == (
+            "connect-coordinator: INVALID_CONFIG: connect.session.timeout.ms (5000) must be "
+            "greater than connect.heartbeat.interval.ms (9000)")
+        bad = cli("groups", "configs", *plain, "--set", "nonsense", ok=False)
+        assert bad.returncode == 2 and "'nonsense' is not KEY=VALUE" in bad.stderr
+        bad = cli("groups", "configs", *plain, "--set", f"{SESSION}=1", "--delete", SESSION,
+                  ok=False)
+        assert bad.returncode == 1 and "named twice" in bad.stderr
+        out = cli("groups", "configs", *plain, "--set", f"{SESSION}=7000", "--validate-only",
+                  "--json").stdout
+        assert {c["name"]: c["value"] for c in json.loads(out)["configs"]}[SESSION] == "5000"
+        # ACLs: describing needs DESCRIBE_CONFIGS on the group, altering ALTER_CONFIGS.
+        denied = cli("groups", "configs", *sasl, ok=False)
+        assert denied.returncode == 1 and "GROUP_AUTHORIZATION_FAILED" in denied.stderr
+        assert "User:ops" in denied.stderr and "DESCRIBE_CONFIGS" in denied.stderr
+        cli("acls", "add", *plain[:2], "--allow-principal", "User:ops", "--operation",
+            "DescribeConfigs", "--group", "g")
+        assert "5000" in cli("groups", "configs", *sasl).stdout
+        denied = cli("groups", "configs", *sasl, "--set", f"{SESSION}=6000", ok=False)
+        assert denied.returncode == 1 and "ALTER_CONFIGS" in denied.stderr
+        cli("acls", "add", *plain[:2], "--allow-principal", "User:ops", "--operation",
+            "AlterConfigs", "--group", "g")
+        out = cli("groups", "configs", *sasl, "--set", f"{SESSION}=6000", "--json").stdout
+        assert {c["name"]: c["value"] for c in json.loads(out)["configs"]}[SESSION] == "6000"
+        # (ALTER_CONFIGS implies DESCRIBE_CONFIGS, as Kafka's authorizer; another group: no)
+        denied = cli("groups", "configs", *sasl[:-1], "other", ok=False)
+        assert denied.returncode == 1 and "GROUP_AUTHORIZATION_FAILED" in denied.stderr
+
+
+def test_overrides_on_etcd_survive_a_restart(tmp_path: Path, pool: DaemonPool,
+                                             etcd_endpoint: str) -> None:  # noqa: F811
+    args = ["--store", "etcd", "--etcd-endpoints", etcd_endpoint, "--etcd-prefix",
+            f"/groupcfg-{time.time_ns()}", "--node-id", "1", "--partitions", "2"]
+    d = pool.start(tmp_path / "n1", extra_args=args)
+    base = ("groups", "configs", "--bootstrap", d.bootstrap, "--group", "g", "--json",
+            "--timeout", "30")
+    cli(*base, "--set", f"{SESSION}=4000")
+    d.stop()
+    d = pool.start(tmp_path / "n1", extra_args=args)
+    base = ("groups", "configs", "--bootstrap", d.bootstrap, "--group", "g", "--json",
+            "--timeout", "30")
+    got = {c["name"]: (c["value"], c["source"])
+           for c in json.loads(cli(*base).stdout)["configs"]}
+    assert got == {SESSION: ("4000", "GROUP_CONFIG"), INTERVAL: ("200", "DEFAULT_CONFIG")}
