@@ -278,7 +278,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Most source partitions one connector may have offsets for; a commit or alter "
             "adding more gets INVALID_REQUEST and nothing is stored.", _positive),
     Setting("group.connect.empty.group.retention.ms", int, _G.empty_group_retention_ms,
-            "A group with no members and no connectors is deleted after this long.",
+            "A group with no members, no connectors and no config overrides is deleted after "
+            "this long.",
             _non_negative),
     Setting("socket.max.frame.bytes", int, 1024 * 1024,
             "Largest request frame accepted; a larger declared size closes the connection "

@@ -323,3 +323,96 @@ def test_overrides_on_etcd_survive_a_restart(tmp_path: Path, pool: DaemonPool,
     got = {c["name"]: (c["value"], c["source"])
            for c in json.loads(cli(*base).stdout)["configs"]}
     assert got == {SESSION: ("4000", "GROUP_CONFIG"), INTERVAL: ("200", "DEFAULT_CONFIG")}
+
+
+def _describe_request(version: int, resources: list[dict[str, Any]], **kw: Any) -> Any:
+    from connect_wire.apis import APIS
+    from coordinator.server.kafka_apis import build
+    return build(APIS[32].request_class(version), {"resources": resources, **kw})
+
+
+def _alter_request(version: int, resources: list[dict[str, Any]], validate_only: bool = False) -> Any:
+    from connect_wire.apis import APIS
+    from coordinator.server.kafka_apis import build
+    return build(APIS[44].request_class(version), {"resources": resources,
+                                                   "validate_only": validate_only})
+
+
+def test_every_version_and_each_bad_resource_on_the_wire(pool: DaemonPool) -> None:
+    d = pool.start(extra_env={"CONNECT_COORDINATOR_REQUEST_MAX_ITEMS": "3"})
+    group = {"resource_type": 32, "resource_name": "g"}
+    with Raw((d.host, d.port), timeout=30) as raw:
+        # ApiVersions advertises DescribeConfigs v1-4 (Kafka 4 has no v0) and
+        # IncrementalAlterConfigs v0-1.
+        from kio.schema.api_versions.v3.request import ApiVersionsRequest
+        versions = {a.api_key: (a.min_version, a.max_version) for a in raw.call(
+            18, 3, ApiVersionsRequest(client_software_name="t",
+                                      client_software_version="1")).api_keys}
+        assert (versions[32], versions[44]) == ((1, 4), (0, 1))
+        for version in (0, 1):
+            r = raw.call(44, version, _alter_request(version, [{**group, "configs": [
+                {"name": SESSION, "config_operation": 0, "value": str(3000 + version)}]}]))
+            assert [(x.error_code, x.resource_name) for x in r.responses] == [(0, "g")]
+        for version in (1, 2, 3, 4):
+            r = raw.call(32, version, _describe_request(
+                version, [{**group, "configuration_keys": [SESSION, "connect.nothing"]}],
+                include_synonyms=True, include_documentation=True))
+            (result,) = r.results
+            assert result.error_code == 0
+            (c,) = result.configs  # (the keys asked for; an unknown one is left out, as Kafka)
+            assert (c.name, c.value, c.read_only, c.config_source) == (SESSION, "3001", False, 8)
+            assert [(s.name, s.value, s.source) for s in c.synonyms] == [
+                (SESSION, "3001", 8), ("group.connect.session.timeout.ms", "2000", 5)]
+            if version >= 3:
+                assert c.config_type == 3 and c.documentation
+        # An empty key list asks for none (Kafka's protocol: null asks for all).
+        r = raw.call(32, 4, _describe_request(4, [{**group, "configuration_keys": []}]))
+        assert r.results[0].configs == ()
+        # Each bad resource gets its error; the good one in the same request is applied.
+        r = raw.call(44, 1, _alter_request(1, [
+            {"resource_type": 4, "resource_name": "0", "configs": []},
+            {"resource_type": 32, "resource_name": "dup", "configs": []},
+            {"resource_type": 32, "resource_name": "dup", "configs": []},
+        ]))
+        assert [(x.error_code, x.error_message) for x in r.responses] == [
+            (E.INVALID_REQUEST, "Unexpected resource type BROKER (4): connect-coordinator serves "
+                                "the configs of groups only (resource type GROUP, 32)."),
+            (E.INVALID_REQUEST, "Each resource must appear at most once."),
+            (E.INVALID_REQUEST, "Each resource must appear at most once.")]
+        r = raw.call(44, 1, _alter_request(1, [
+            {**group, "configs": [{"name": SESSION, "config_operation": 0, "value": "4000"},
+                                  {"name": SESSION, "config_operation": 1, "value": None}]},
+            {"resource_type": 32, "resource_name": "h", "configs": [
+                {"name": SESSION, "config_operation": 7, "value": "1"}]},
+            {"resource_type": 32, "resource_name": "k", "configs": [
+                {"name": SESSION, "config_operation": 0, "value": None}]},
+        ]))
+        assert [(x.error_code, x.error_message) for x in r.responses] == [
+            (E.INVALID_REQUEST, "Error due to duplicate config keys"),
+            (E.INVALID_REQUEST, f"Unknown alter config operation 7 for key {SESSION}"),
+            (E.INVALID_CONFIG, "Null value not supported for group configs")]
+        r = raw.call(32, 4, _describe_request(4, [
+            {"resource_type": 2, "resource_name": "t", "configuration_keys": None},
+            {"resource_type": 32, "resource_name": "", "configuration_keys": None},
+            {**group, "configuration_keys": None}]))
+        assert [(x.error_code, x.error_message) for x in r.results[:2]] == [
+            (E.UNKNOWN_TOPIC_OR_PARTITION,
+             "The topic 't' does not exist: connect-coordinator hosts no topics."),
+            (E.INVALID_REQUEST, "Group name must not be empty")]
+        assert {c.name: c.value for c in r.results[2].configs} == {SESSION: "3001",
+                                                                   INTERVAL: "200"}
+        # More resources than request.max.items: INVALID_REQUEST on each, nothing looked up.
+        r = raw.call(44, 1, _alter_request(1, [
+            {"resource_type": t, "resource_name": f"g{i}", "configs": [
+                {"name": SESSION, "config_operation": 0, "value": "5000"}]}
+            for i, t in enumerate((32, 2, 32, 32))]))
+        assert [(x.error_code, x.resource_type, x.resource_name) for x in r.responses] == [
+            (E.INVALID_REQUEST, t, f"g{i}") for i, t in enumerate((32, 2, 32, 32))]
+        assert "more than request.max.items=3" in r.responses[0].error_message
+        r = raw.call(32, 1, _describe_request(1, [
+            {**group, "configuration_keys": None}] * 4))
+        assert {x.error_code for x in r.results} == {E.INVALID_REQUEST}
+        # The group is as it was.
+        r = raw.call(32, 4, _describe_request(4, [{**group, "configuration_keys": None}]))
+        assert {c.name: (c.value, c.config_source) for c in r.results[0].configs} == {
+            SESSION: ("3001", 8), INTERVAL: ("200", 5)}

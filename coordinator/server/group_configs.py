@@ -62,7 +62,7 @@ async def handle(router: Any, api_key: int, version: int, req: Any, ctx: Any) ->
     if len(req.resources) > limit:
         message = (f"{len(req.resources)} resources in one request, more than "
                    f"request.max.items={limit}")
-        return _refused(cls, req.resources, message)
+        return await _refused(cls, req.resources, message)
     if api_key == ApiKey.DESCRIBE_CONFIGS:
         results = [await _describe(router, r, req, ctx) for r in req.resources]
         return kafka_apis.build(cls, {"throttle_time": 0, "results": results})
