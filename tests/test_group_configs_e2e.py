@@ -416,3 +416,37 @@ def test_every_version_and_each_bad_resource_on_the_wire(pool: DaemonPool) -> No
         r = raw.call(32, 4, _describe_request(4, [{**group, "configuration_keys": None}]))
         assert {c.name: (c.value, c.config_source) for c in r.results[0].configs} == {
             SESSION: ("3001", 8), INTERVAL: ("200", 5)}
+
+
+def test_on_several_nodes_the_owner_answers_and_a_failover_keeps_the_overrides(
+        tmp_path: Path, etcd_endpoint: str) -> None:  # noqa: F811
+    from tests.test_cluster_e2e import Cluster
+    with DaemonPool(tmp_path) as pool:
+        c = Cluster(tmp_path, pool, etcd_endpoint, f"/groupcfg-cluster-{time.time_ns()}",
+                    nodes=2, partitions=4)
+        try:
+            c.start(1)
+            c.start(2)
+            c.wait(lambda: c.owned_everywhere(), "every partition owned by a live node")
+            group = c.group_owned_by(2)
+            # The CLI finds the owner among the nodes (bootstrap: both).
+            r = c.cli("groups", "configs", "--group", group, "--set", f"{SESSION}=20000",
+                      "--json", "--timeout", "30")
+            assert r.returncode == 0, r.stderr
+            # The other node answers NOT_COORDINATOR for that resource, the owner the override.
+            request = _describe_request(4, [{"resource_type": 32, "resource_name": group,
+                                             "configuration_keys": [SESSION]}])
+            (other,) = c.call(1, request).results
+            assert other.error_code == E.NOT_COORDINATOR, other
+            (owner,) = c.call(2, request).results
+            assert (owner.error_code, owner.configs[0].value) == (0, "20000")
+            # kill -9 of the owner: node 1 takes the partition over, with the override.
+            c.nodes[2].kill()
+            c.wait(lambda: c.coordinator_of(group) == 1, "node 1 to take the group")
+
+            def moved() -> bool:
+                (x,) = c.call(1, request).results
+                return x.error_code == 0 and x.configs[0].value == "20000"
+            c.wait(moved, "the override on node 1")
+        finally:
+            c.close()
