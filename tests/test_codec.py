@@ -793,6 +793,8 @@ def test_api_table_matches_protocol() -> None:
     expected |= {17: (1, 1), 36: (0, 2)}
     # Credentials and ACLs: the versions kio 0.6.5 has.
     expected |= {29: (1, 3), 30: (1, 3), 31: (1, 3), 50: (0, 0), 51: (0, 0)}
+    # Group configs: DescribeConfigs v1-4 (Kafka 4 removed v0), IncrementalAlterConfigs v0-1.
+    expected |= {32: (1, 4), 44: (0, 1)}
     expected |= {k: (0, 0) for k in range(10000, 10009)}
     assert {k: (a.min_version, a.max_version) for k, a in apis.APIS.items()} == expected
     assert all(apis.response_class(18, v).__flexible__ == (v >= 3) for v in range(4))

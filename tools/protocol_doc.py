@@ -39,6 +39,8 @@ USED_BY = {
     "DescribeAcls": "`acls list`",
     "CreateAcls": "`acls add`",
     "DeleteAcls": "`acls delete`",
+    "DescribeConfigs": "`groups configs`; Kafka's admin clients (resource type GROUP)",
+    "IncrementalAlterConfigs": "`groups configs --set/--delete`; Kafka's admin clients (GROUP)",
     "DescribeUserScramCredentials": "`users list`",
     "AlterUserScramCredentials": "`users add` / `users delete` (online)",
     "ConnectGroupHeartbeat": "every worker, its membership and assignment",
