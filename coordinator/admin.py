@@ -327,6 +327,8 @@ class AdminSession:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._clients: dict[Address, AdminClient] = {}
+        self.coordinators: dict[str, Node] = {}
+        """Each group's coordinator as FindCoordinator last named it (node id and address)."""
         self.sleep: Callable[[float], None] = time.sleep
 
     def __enter__(self) -> AdminSession:
@@ -408,7 +410,8 @@ class AdminSession:
 
     def find_coordinator(self, group_id: str) -> Address:
         """The address of ``group_id``'s coordinator as the cluster tells it (FindCoordinator at
-        the first bootstrap address that answers). Raises AdminError when no address answers,
+        the first bootstrap address that answers; the node, with its id, is kept in
+        :attr:`coordinators`). Raises AdminError when no address answers,
         and :class:`CoordinatorError` for an error in the answer."""
         from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 
@@ -429,6 +432,7 @@ class AdminSession:
                     # the partition is moving): another node may.
                     continue
                 raise refused
+            self.coordinators[group_id] = Node(int(c.node_id), c.host, int(c.port))
             return c.host, int(c.port)
         if refused is not None:
             raise refused

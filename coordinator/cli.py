@@ -40,7 +40,7 @@ from typing import Any
 
 from connect_wire import client_security, plugins, verbs
 from connect_wire import connectors as shared
-from connect_wire.addresses import Address, parse_bootstrap
+from connect_wire.addresses import Address, format_addresses, parse_bootstrap
 from connect_wire.apis import APIS, ApiKey
 from connect_wire.cliutil import StrictParser, add_version
 from connect_wire.connectors import group_dict as _group_dict
@@ -235,6 +235,14 @@ def parser() -> argparse.ArgumentParser:
     orr.add_argument("--json", action="store_true",
                      help='Kafka Connect\'s answer: {"message": ...}')
 
+    # The connectors command's help names every action, read from its parser (so that it cannot
+    # fall behind when an action is added).
+    summary = "connectors: " + ", ".join(csub.choices)
+    for choice in sub._choices_actions:  # (argparse keeps a sub-command's help there)
+        if choice.dest == "connectors":
+            choice.help = summary
+    conn.description = summary
+
     groups = sub.add_parser("groups", help="list or describe groups, or their dynamic configs")
     gsub = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
     gl = admin(gsub, "list", "list connect groups and their states (every node asked; a node "
@@ -274,7 +282,8 @@ def _check(code: int, message: str | None) -> None:
 
 
 def _describe(session: AdminSession, group_ids: list[str]) -> Any:
-    """Each group from its own coordinator (groups may live on different nodes)."""
+    """Each group from its own coordinator (groups may live on different nodes): the node that
+    answered is in ``session.coordinators``."""
     return [g for group_id in group_ids for g in session.group_call(
         group_id, ConnectGroupDescribeRequest(group_ids=(group_id,))).groups]
 
@@ -299,6 +308,15 @@ def _connector_dict(c: Any) -> dict[str, Any]:
             "task_restarts": {k[len(verbs.RESTART_TASK_PREFIX):]: verbs.counter(config, k)
                               for k in sorted(config) if k.startswith(verbs.RESTART_TASK_PREFIX)},
             "plugin_config": verbs.plugin_config(config)}
+
+
+def _running_count(g: Any, name: str) -> dict[str, int]:
+    """How many of a connector's instances (the connector and its running tasks) a worker
+    reports RUNNING, and how many there are: the target state says what the operator asked
+    for, this what the workers do."""
+    st = shared.status(g, name)
+    states = [st["state"], *(t["state"] for t in st["tasks"])]
+    return {"running_instances": states.count("RUNNING"), "instances": len(states)}
 
 
 def _status_text(st: dict[str, Any]) -> str:
@@ -444,14 +462,18 @@ def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
                     raise CliError(f"connector {args.name} does not exist in group {args.group}")
                 out.write(json.dumps(found[0], indent=2) + "\n" if args.json
                           else _describe_text(found[0]))
-            elif args.json:
-                out.write(json.dumps([{k: c[k] for k in ("name", "tasks", "config", "state")}
-                                      for c in connectors], indent=2) + "\n")
             else:
-                rows = [[c["name"], c["tasks"], c["state"],
-                         ", ".join(f"{k}={v}" for k, v in c["config"].items())]
-                        for c in connectors]
-                out.write(_table(rows, ["CONNECTOR", "TASKS", "STATE", "CONFIG"]) + "\n")
+                listed = [{**{k: c[k] for k in ("name", "tasks", "config", "state")},
+                           **_running_count(g, c["name"])} for c in connectors]
+                if args.json:
+                    out.write(json.dumps(listed, indent=2) + "\n")
+                else:
+                    rows = [[c["name"], c["tasks"], c["state"],
+                             f"{c['running_instances']}/{c['instances']}",
+                             ", ".join(f"{k}={v}" for k, v in c["config"].items())]
+                            for c in listed]
+                    out.write(_table(rows, ["CONNECTOR", "TASKS", "TARGET", "RUNNING",
+                                            "CONFIG"]) + "\n")
             return
         if args.action == "delete":
             req = ConnectGroupAlterConnectorsRequest(group_id=args.group, deletes=tuple(args.names),
@@ -543,6 +565,10 @@ def cmd_groups(args: argparse.Namespace, out: Any) -> None:
             return
         described = _describe(client, args.groups)
         dicts = [_group_dict(g) for g in described]
+        for g in dicts:  # (the node that answered for it: FindCoordinator's)
+            node = client.coordinators.get(g["group"])
+            g["coordinator"] = None if node is None else {
+                "node_id": node.node_id, "host": node.host, "port": node.port}
         if args.json:
             out.write(json.dumps(dicts, indent=2) + "\n")
         else:
@@ -606,6 +632,10 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
     out.write(f"GROUP {g['group']}  state={g['state']}  epoch={g['group_epoch']}  "
               f"assignment-epoch={g['assignment_epoch']}  assignor={text(g['assignor'])}  "
               f"computing={text(g['assigning_member'])}\n")
+    if g.get("coordinator") is not None:
+        c = g["coordinator"]
+        out.write(f"  coordinator: node {c['node_id']} at "
+                  f"{format_addresses([(c['host'], c['port'])])}\n")
     if g["error"]:
         out.write(f"  {g['error']}: {text(g['error_message'])}\n")
     if g["connectors"]:

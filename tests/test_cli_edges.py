@@ -5,6 +5,7 @@ commands without Spark, and a worker whose bootstrap cannot be reached."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import re
@@ -49,6 +50,22 @@ def test_version_of_both_command_lines() -> None:
     for module, prog in (("worker_client.cli", "connect-worker"), ("coordinator.cli", "connect-coordinator")):
         r = _run("-m", module, "--version")
         assert (r.returncode, r.stdout.strip()) == (0, f"{prog} {version()}"), r
+
+
+def test_top_level_help_lists_every_connectors_action() -> None:
+    from coordinator.cli import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    csub = next(a for a in sub.choices["connectors"]._actions
+                if isinstance(a, argparse._SubParsersAction))
+    actions = list(csub.choices)
+    assert {"create", "update", "delete", "list", "status", "describe", "restart", "pause",
+            "resume", "stop", "offsets"} <= set(actions)
+    r = coordinator("--help")
+    assert r.returncode == 0, r
+    # (argparse wraps the help text: compare it unwrapped)
+    entry = " ".join(r.stdout.split("    connectors", 1)[1].split("    groups", 1)[0].split())
+    assert entry == "connectors: " + ", ".join(actions), r.stdout
 
 
 @pytest.mark.parametrize(("args", "usage"), [

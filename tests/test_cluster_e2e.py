@@ -281,6 +281,15 @@ def test_discovery_lists_every_node_and_names_the_owner(cluster: Cluster) -> Non
     r = c.cli("groups", "list", "--json")
     assert r.returncode == 0, r.stderr
     assert {g["group"] if "group" in g else g["group_id"] for g in json.loads(r.stdout)} >= set(groups)
+    # groups describe names each group's coordinating node (asked through one bootstrap node).
+    r = c.cli("groups", "describe", *groups, "--json")
+    assert r.returncode == 0, r.stderr
+    assert {d["group"]: d["coordinator"] for d in json.loads(r.stdout)} == {
+        g: {"node_id": o, "host": "127.0.0.1", "port": c.ports[o]} for g, o in owners.items()}
+    r = c.cli("groups", "describe", *groups)
+    for g, o in owners.items():
+        assert f"GROUP {g} " in r.stdout and f"coordinator: node {o} at 127.0.0.1:{c.ports[o]}" \
+            in r.stdout.split(f"GROUP {g} ")[1].split("GROUP ")[0], r.stdout
 
 
 @pytest.mark.parametrize("defaults", [False, True], ids=["short-timeouts", "defaults"])

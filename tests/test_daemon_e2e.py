@@ -1069,13 +1069,14 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
         "--config", "connector.class=pkg:Sink", *b)
     cli("connectors", "update", "--group", "g", "src", "--tasks", "3", "--config", "topic=t1", *b)
     listed = json.loads(cli("connectors", "list", "--group", "g", "--json", *b))
+    # (no worker: the target state is RUNNING, nothing runs)
     assert listed == [{"name": "sink", "tasks": 1, "config": {"connector.class": "pkg:Sink"},
-                       "state": "RUNNING"},
+                       "state": "RUNNING", "running_instances": 0, "instances": 2},
                       {"name": "src", "tasks": 3, "config": {"connector.class": "pkg:Source", "topic": "t1"},
-                       "state": "RUNNING"}]
+                       "state": "RUNNING", "running_instances": 0, "instances": 4}]
     human = cli("connectors", "list", "--group", "g", *b).splitlines()
-    assert human[0].split() == ["CONNECTOR", "TASKS", "STATE", "CONFIG"]
-    assert human[2].split() == ["src", "3", "RUNNING", "connector.class=pkg:Source,", "topic=t1"]
+    assert human[0].split() == ["CONNECTOR", "TASKS", "TARGET", "RUNNING", "CONFIG"]
+    assert human[2].split() == ["src", "3", "RUNNING", "0/4", "connector.class=pkg:Source,", "topic=t1"]
     # Connect's verbs: reserved config keys, read-modify-write through AlterConnectors.
     assert "reserved" in cli("connectors", "update", "--group", "g", "src", "--config",
                              "connect.target.state=PAUSED", *b, code=2)
@@ -1091,7 +1092,7 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
     assert "STOPPED" in cli("connectors", "list", "--group", "g", *b).splitlines()[2]
     cli("connectors", "resume", "--group", "g", "src", *b)
     listed = cli("connectors", "list", "--group", "g", *b).splitlines()
-    assert listed[2].split()[:3] == ["src", "3", "RUNNING"]
+    assert listed[2].split()[:4] == ["src", "3", "RUNNING", "0/4"]
     assert "does not exist" in cli("connectors", "stop", "--group", "g", "nope", *b, code=1)
     assert "no task 3" in cli("connectors", "restart", "--group", "g", "src", "--task", "3", *b, code=1)
     # --validate-only changes nothing.
@@ -1113,8 +1114,10 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
     (m,) = g["members"]
     assert (m["member_id"], m["epoch"], m["state"], m["assignment"], m["target"]) == (
         "W1", 1, "Stable", ["src", "src/0", "src/1", "src/2"], ["src", "src/0", "src/1", "src/2"])
+    assert g["coordinator"]["host"] == d.host and g["coordinator"]["port"] == d.port
     text = cli("groups", "describe", "g", *b)
     assert "GROUP g  state=Stable  epoch=1  assignment-epoch=1  assignor=incremental" in text
+    assert f"coordinator: node {g['coordinator']['node_id']} at {d.host}:{d.port}" in text
     assert any(line.split()[:4] == ["W1", "-", "1", "Stable"] for line in text.splitlines())
 
     # Errors from the coordinator: the protocol error name, exit 1.

@@ -84,6 +84,17 @@ def test_failing_plugin_is_reported_failed_with_its_traceback(cluster: Cluster) 
     (g,) = json.loads(r.stdout)
     reported = {i["item"]: i["state"] for m in g["members"] for i in m["instances"]}
     assert reported["bad/0"] == "FAILED" and reported["good"] == "RUNNING"
+    # connectors list: the target state and how many instances the workers run, apart (bad's
+    # target is RUNNING, but only its connector instance runs).
+    r = run_cli("connectors", "list", "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP,
+                "--json")
+    listed = {c["name"]: (c["state"], c["running_instances"], c["instances"])
+              for c in json.loads(r.stdout)}
+    assert listed == {"bad": ("RUNNING", 1, 3), "good": ("RUNNING", 3, 3)}, r.stdout
+    r = run_cli("connectors", "list", "--bootstrap", cluster.daemon.bootstrap, "--group", GROUP)
+    rows = [line.split()[:4] for line in r.stdout.splitlines()]
+    assert rows[:3] == [["CONNECTOR", "TASKS", "TARGET", "RUNNING"], ["bad", "2", "RUNNING", "1/3"],
+                        ["good", "2", "RUNNING", "3/3"]], r.stdout
     # The failing plugin's log line carries the traceback.
     logs = cluster.logs(tail=100_000)
     lines = [line for line in logs.splitlines() if "instance failed" in line]
