@@ -515,6 +515,22 @@ _FATAL_TLS = re.compile(r"ALERT|CERTIFICATE|WRONG_VERSION_NUMBER|UNKNOWN_PROTOCO
                         r"HANDSHAKE_FAILURE|NO_SHARED_CIPHER|UNSUPPORTED_PROTOCOL", re.I)
 
 
+HANDSHAKE_CUT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+"""How a TLS handshake ends when the listener does not speak TLS: it reads the ClientHello as a
+request frame it cannot take and closes the connection."""
+
+
+def protocol_mismatch(security: ClientSecurity | None, settings: str) -> str:
+    """The likely cause of a listener closing a connection before its first answer, or in the
+    middle of the TLS handshake: its security protocol is not this client's (a PLAINTEXT
+    client at a TLS or SASL listener, a TLS client at a PLAINTEXT one, a TLS client without
+    SASL at a SASL_SSL one: the server drops what it cannot take on that listener without a
+    word). ``settings``: where this client's protocol is set."""
+    mine = security.protocol if security is not None else "PLAINTEXT"
+    return (f"the listener's security protocol probably does not match this client's ({mine}; "
+            f"set {settings})")
+
+
 def tls_failure(exc: BaseException, address: str, security: ClientSecurity | None) \
         -> AuthenticationFailed | None:
     """The :class:`AuthenticationFailed` for a TLS error that retrying cannot fix (the server's

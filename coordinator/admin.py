@@ -34,10 +34,12 @@ from connect_wire import codec
 from connect_wire.addresses import Address, format_addresses
 from connect_wire.apis import APIS
 from connect_wire.client_security import (
+    HANDSHAKE_CUT,
     ClientSecurity,
     ExchangeError,
     Session,
     open_exchange,
+    protocol_mismatch,
     reauth_exchange,
     tls_failure,
     wire_types,
@@ -49,6 +51,8 @@ REDISCOVER = {int(ErrorCode.NOT_COORDINATOR), int(ErrorCode.COORDINATOR_NOT_AVAI
 """The group's coordinator is elsewhere or not known yet: FindCoordinator again."""
 RETRY_SAME_NODE = {int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)}
 """The node is loading the group's partition: ask it again (as Kafka's clients do)."""
+SETTINGS = "--security-protocol or --command-config"
+"""Where the admin CLI's security protocol is set (named when it probably does not match)."""
 RETRY_LISTING = {int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS), int(ErrorCode.COORDINATOR_NOT_AVAILABLE)}
 """ListGroups answers asked again of the same node (Kafka's AdminClient.listConsumerGroups)."""
 
@@ -127,7 +131,9 @@ class AdminClient:
                 refused = tls_failure(exc, where, security)
                 if refused is not None:
                     raise refused from None
-                raise CannotConnect(f"TLS handshake with {where} failed: {exc}") from None
+                hint = (f"; it does not seem to speak TLS: {protocol_mismatch(security, SETTINGS)}"
+                        if isinstance(exc, HANDSHAKE_CUT) else "")
+                raise CannotConnect(f"TLS handshake with {where} failed: {exc}{hint}") from None
         self.sock = sock
         if security is not None and security.protocol != "PLAINTEXT":
             try:
@@ -183,15 +189,11 @@ class AdminClient:
         return None
 
     def _mismatch_hint(self) -> str:
-        """For a connection the server closed before its first answer: the likely cause (a
-        PLAINTEXT client at a TLS or SASL listener, a TLS client without SASL at a SASL_SSL
-        one: the server drops a request it cannot take on that listener without a word)."""
+        """For a connection the server closed before its first answer: the likely cause
+        (:func:`connect_wire.client_security.protocol_mismatch`)."""
         if self.answers:
             return ""
-        mine = self.security.protocol if self.security is not None else "PLAINTEXT"
-        return (f" before answering anything on it: the listener's security protocol probably "
-                f"does not match this client's ({mine}; set --security-protocol or "
-                "--command-config)")
+        return f" before answering anything on it: {protocol_mismatch(self.security, SETTINGS)}"
 
     def _read_exactly(self, n: int) -> bytes:
         chunks = []

@@ -33,12 +33,14 @@ from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 
 from connect_wire import codec
 from connect_wire.client_security import (
+    HANDSHAKE_CUT,
     AuthorizationFailed,
     ClientSecurity,
     ExchangeError,
     SecurityError,
     Session,
     open_exchange,
+    protocol_mismatch,
     reauth_exchange,
     tls_failure,
     wire_types,
@@ -47,6 +49,8 @@ from connect_wire.errors import ErrorCode, ProtocolError
 from connect_wire.framing import FrameDecoder, FramingError, encode_request_frame, parse_response_header
 
 RETRY_COORDINATOR = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+SETTINGS = "--security-protocol or --client-config"
+"""Where a worker's security protocol is set (named when it probably does not match)."""
 
 
 def coordinator_error(resp: Any) -> int:
@@ -71,8 +75,11 @@ class KrpcConnection:
 
     def __init__(self, host: str, port: int, client_id: str,
                  security: ClientSecurity | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, settings: str = SETTINGS) -> None:
         self.host, self.port, self.client_id = host, port, client_id
+        self.settings = settings
+        self.answers = 0
+        """Answers read (none yet: a closed connection hints at another security protocol)."""
         self.security = security
         self.ssl_context = ssl_context
         if security is not None and security.uses_tls and ssl_context is None:
@@ -110,6 +117,10 @@ class KrpcConnection:
             refused = tls_failure(exc, self.address, self.security)
             if refused is not None:
                 raise refused from None
+            if tls is not None and isinstance(exc, HANDSHAKE_CUT):
+                raise ConnectionFailed(
+                    f"TLS handshake with {self.address} failed ({exc!r}); it does not seem to "
+                    f"speak TLS: {protocol_mismatch(self.security, self.settings)}") from None
             raise ConnectionFailed(f"cannot connect to {self.address}: {exc!r}") from None
         self.closed = False
         self._read_task = asyncio.create_task(self._read_loop())
@@ -183,10 +194,15 @@ class KrpcConnection:
             while True:
                 data = await self._reader.read(65536)
                 if not data:
+                    if not self.answers:
+                        error = ConnectionFailed(
+                            f"{self.address} closed the connection before answering anything "
+                            f"on it: {protocol_mismatch(self.security, self.settings)}")
                     break
                 for frame in decoder.feed(data):
                     if not self._pending:
                         raise ConnectionFailed("a response nobody asked for")
+                    self.answers += 1
                     correlation_id, header_version, cls, future = self._pending.popleft()
                     got, offset = parse_response_header(frame, header_version)
                     if got != correlation_id:
