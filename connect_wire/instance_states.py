@@ -15,7 +15,11 @@ from typing import Final
 RUNNING: Final = "RUNNING"
 FAILED: Final = "FAILED"
 RESTARTING: Final = "RESTARTING"
-STATES: Final = frozenset((RUNNING, FAILED, RESTARTING))
+PAUSED: Final = "PAUSED"
+STOPPED: Final = "STOPPED"
+"""PAUSED and STOPPED: the worker owns the item of a paused or stopped connector and runs no
+instance of it (any instance it ran has stopped: its last commit is stored)."""
+STATES: Final = frozenset((RUNNING, FAILED, RESTARTING, PAUSED, STOPPED))
 
 TEXT_LIMIT_BYTES: Final = 8192
 """The most UTF-8 bytes of one ErrorMessage or Trace that is sent and kept."""

@@ -557,7 +557,8 @@ class AdminSession:
                                  f"{self.timeout_s:g}s (last: {last})")
             self.sleep(pause)
 
-    def group_call(self, group_id: str, request: Any, resend_if_lost: bool = True) -> Any:
+    def group_call(self, group_id: str, request: Any, resend_if_lost: bool = True,
+                   retry: frozenset[int] = frozenset()) -> Any:
         """Send ``request`` to ``group_id``'s coordinator and return its answer.
 
         NOT_COORDINATOR and COORDINATOR_NOT_AVAILABLE (in the answer or from FindCoordinator),
@@ -566,7 +567,9 @@ class AdminSession:
         Retries back off exponentially with jitter from ``backoff_s`` to at most
         ``max_backoff_s`` and stop after ``timeout_s`` (the last error is raised). With
         ``resend_if_lost=False`` (a change) a connection broken after sending raises
-        :class:`OutcomeUnknown` instead of resending. Other errors in the answer are returned.
+        :class:`OutcomeUnknown` instead of resending. The codes in ``retry`` are asked again of
+        the same node the same way (past ``timeout_s`` the last answer is returned). Other
+        errors in the answer are returned.
         """
         deadline = self._deadline()
         failures = 0
@@ -577,7 +580,10 @@ class AdminSession:
                     address = self.find_coordinator(group_id)
                 resp = self._call_at(address, request)
                 code = _error_of(resp)
-                if code not in REDISCOVER and code not in RETRY_SAME_NODE:
+                if code in retry:
+                    if time.monotonic() + self.backoff_s > deadline:
+                        return resp
+                elif code not in REDISCOVER and code not in RETRY_SAME_NODE:
                     return resp
                 last: Exception = CoordinatorError(code, getattr(resp, "error_message", None) or (
                     resp.groups[0].error_message if getattr(resp, "groups", None) else None))

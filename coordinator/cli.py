@@ -45,7 +45,7 @@ from connect_wire.apis import APIS, ApiKey
 from connect_wire.cliutil import StrictParser, add_version
 from connect_wire.connectors import group_dict as _group_dict
 from connect_wire.connectors import utc as _utc
-from connect_wire.errors import error_name
+from connect_wire.errors import ErrorCode, error_name
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
     ConnectGroupAlterOffsetsRequest,
@@ -424,7 +424,10 @@ def cmd_offsets(args: argparse.Namespace, out: Any) -> None:
             group_id=args.group, connector=args.name, reset=action == "reset",
             offsets=tuple(_alter_offsets.PartitionOffset(partition=p, offset=o) for p, o in pairs),
             validate_only=args.validate_only)
-        resp = client.group_call(args.group, req)
+        # REBALANCE_IN_PROGRESS: the stopped connector's instances are still stopping (a
+        # task's stop() may commit): asked again until --timeout.
+        resp = client.group_call(args.group, req,
+                                 retry=frozenset({int(ErrorCode.REBALANCE_IN_PROGRESS)}))
         _check(resp.error_code, resp.error_message)
         if args.validate_only:
             message = (f"valid: the offsets of connector {args.name} can be "

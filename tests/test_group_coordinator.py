@@ -1670,8 +1670,10 @@ def test_a_worker_still_reporting_a_task_just_deleted_is_not_fenced() -> None:
 
 
 @pytest.mark.parametrize("entry, message", [
-    (("A", "PAUSED"), "InstanceStates A: State 'PAUSED' is not one of FAILED, RESTARTING, RUNNING."),
-    (("A", ""), "InstanceStates A: State '' is not one of FAILED, RESTARTING, RUNNING."),
+    (("A", "UNASSIGNED"), "InstanceStates A: State 'UNASSIGNED' is not one of FAILED, PAUSED, "
+                          "RESTARTING, RUNNING, STOPPED."),
+    (("A", ""), "InstanceStates A: State '' is not one of FAILED, PAUSED, RESTARTING, RUNNING, "
+                "STOPPED."),
     (("/0", "RUNNING"), "InstanceStates must not contain an empty connector name."),
     (("A/-2", "RUNNING"), "InstanceStates must not contain a negative task id (A/-2)."),
 ])

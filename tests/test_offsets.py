@@ -22,7 +22,7 @@ from coordinator.group.coordinator import OFFSETS
 from coordinator.group.state import CoordinatorState
 from coordinator.runtime import serde
 from tests.group_harness import Harness
-from tests.test_group_coordinator import ALL, hb, one_worker, two_workers
+from tests.test_group_coordinator import ALL, _states, hb, one_worker, two_workers
 
 
 def P(n: int) -> str:
@@ -63,9 +63,23 @@ def alter(h: Harness, pairs: list[tuple[str, str | None]] = (), reset: bool = Fa
     return h.apply(h.coordinator.alter_offsets(req, h.now))
 
 
-def stop(h: Harness, connector: str = "A", tasks: int = 2) -> None:
+def stop(h: Harness, connector: str = "A", tasks: int = 2, report: bool = True) -> None:
+    """Stop ``connector``; with ``report`` every owner of its items then reports them STOPPED
+    (its instances have stopped), as a worker does once their stop() returned."""
     assert h.alter({connector: tasks},
                    configs={connector: {"connect.target.state": "STOPPED"}}).error_code == 0
+    if report:
+        for member in list(h.group().current):
+            report_states(h, member, "STOPPED")
+
+
+def report_states(h: Harness, member: str, state: str, **per_item: str) -> None:
+    """``member`` reports each item it owns in ``state`` (``per_item``: ``A_1="RUNNING"`` for
+    A/1), on a heartbeat at its current epoch."""
+    owned = sorted(str(i) for i in h.group().current[member].owned)
+    if owned:
+        hb(h, member, instance_states=_states(
+            *((i, per_item.get(i.replace("/", "_"), state)) for i in owned)))
 
 
 def bulk_equal(h: Harness) -> None:
@@ -258,6 +272,50 @@ def test_alter_and_reset_are_refused_unless_stopped() -> None:
                 in r.error_message)
         assert "connect-coordinator connectors stop --group g A" in r.error_message
     assert offsets(h) == {c(P(1)): c(OFF(1))}
+
+
+def test_alter_is_refused_retriably_until_every_owner_reports_the_stopped_instances_stopped() -> None:
+    """A task's stop() commits its last offsets: an alter stored before that commit would be
+    overwritten by it. So while a member owns an item of the stopped connector that it has
+    not reported STOPPED, AlterOffsets is refused with a retriable error naming the member."""
+    h = Harness()
+    two_workers(h)  # W1 owns A, A/0, A/1; W2 owns B, B/0
+    report_states(h, "W1", "RUNNING")
+    assert commit(h, "W1", task=0).error_code == 0
+    stop(h, report=False)
+    for kwargs in ({"pairs": [(P(1), OFF(5))]}, {"reset": True},
+                   {"pairs": [(P(1), OFF(5))], "validate_only": True}):
+        r = alter(h, **kwargs)
+        assert r.error_code == E.REBALANCE_IN_PROGRESS, r
+        assert "Connector 'A''s instances are still stopping on member(s) W1" in r.error_message
+    # The stopping task commits its last position (it still owns its item: stored) ...
+    assert commit(h, "W1", task=0, pairs=[(P(1), OFF(2))]).error_code == 0
+    # ... and one instance still runs: refused.
+    report_states(h, "W1", "STOPPED", A_1="RUNNING")
+    assert alter(h, [(P(1), OFF(5))]).error_code == E.REBALANCE_IN_PROGRESS
+    # W2 owns nothing of A: only W1's report counts.
+    report_states(h, "W1", "STOPPED")
+    assert alter(h, [(P(1), OFF(5))]).error_code == 0
+    assert offsets(h) == {c(P(1)): c(OFF(5))}
+    # Resumed and stopped again: the STOPPED reports are of before (an instance resumed
+    # meanwhile may be stopping), so refused until reported again.
+    assert h.alter({"A": 2}, configs={"A": {"connect.target.state": "RUNNING"}}).error_code == 0
+    stop(h, report=False)
+    assert alter(h, reset=True).error_code == E.REBALANCE_IN_PROGRESS
+    report_states(h, "W1", "STOPPED")
+    assert alter(h, reset=True).error_code == 0 and offsets(h) == {}
+
+
+def test_alter_is_accepted_once_the_owner_released_the_stopped_connectors_items() -> None:
+    h = Harness()
+    two_workers(h)
+    stop(h, report=False)
+    assert alter(h, [(P(1), OFF(5))]).error_code == E.REBALANCE_IN_PROGRESS
+    # W1 leaves (after stopping its work): nobody owns A's items any more.
+    assert h.heartbeat("W1", -1).error_code == 0
+    assert not any(i.connector == "A" for cur in h.group().current.values() for i in cur.owned)
+    assert alter(h, [(P(1), OFF(5))]).error_code == 0
+    assert offsets(h) == {c(P(1)): c(OFF(5))}
 
 
 def test_alter_merges_and_reset_removes_everything_in_batches() -> None:

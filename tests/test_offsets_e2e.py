@@ -20,6 +20,7 @@ from connect_wire.messages import (
     ConnectGroupWriteTaskConfigsRequest,
 )
 from connect_wire.messages import connect_group_commit_offsets_request_v0 as _com
+from connect_wire.messages import connect_group_heartbeat_request_v0 as _hb
 from connect_wire.messages import connect_group_write_task_configs_request_v0 as _wtc
 from tests.daemon_fixture import Daemon, DaemonPool, run_cli
 from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
@@ -128,6 +129,19 @@ def test_commits_survive_kill_9_and_the_cli_manages_them(tmp_path: Path, pool: D
     assert fetched(admin) == before
 
     cli("connectors", "stop", *boot, "A")
+    # W1 (its session outlived the kill) owns A's items and has not reported them stopped: its
+    # tasks may still be stopping and commit. Asked again until --timeout, then the refusal.
+    for action in (["alter", "--file", str(patch)], ["reset"]):
+        done = cli("connectors", "offsets", action[0], *boot, "A", *action[1:], "--timeout", "1.5",
+                   ok=False)
+        assert done.returncode == 1 and "REBALANCE_IN_PROGRESS" in done.stderr, done.stderr
+        assert "Connector 'A''s instances are still stopping on member(s) W1" in done.stderr
+    assert fetched(admin) == before
+    w = Worker(d, "W1")
+    w.epoch = admin.members()["W1"][0]
+    w.ok(instance_states=tuple(_hb.InstanceState(connector="A", task=t, state="STOPPED")
+                               for t in (-1, 0)))
+    w.close()
     out = cli("connectors", "offsets", "alter", *boot, "A", "--file", str(patch)).stdout
     assert "altered successfully (2 set, 1 removed)" in out
     after = fetched(admin)

@@ -149,6 +149,8 @@ class Membership:
     """The worker's instances' states (item -> (state, error, trace)), set by the worker before
     each heartbeat (Status): sent only when they changed, in full on join."""
     _sent_states: dict[Item, tuple[str, str | None, str | None]] | None = None
+    _sent_states_epoch: int | None = None
+    _in_flight_states_epoch: int | None = None
     _in_flight_states: dict[Item, tuple[str, str | None, str | None]] | None = None
     _in_flight: ConnectGroupHeartbeatRequest | None = field(default=None, repr=False)
     _sent_at_ms: int = 0
@@ -223,10 +225,14 @@ class Membership:
             owned_tasks = tuple(_hb.TaskId(connector=t.connector, task=t.task) for t in tasks)
         assignors = tuple(self.assignors)
         states = self._in_flight_states = None
-        if self.instance_states and (full or self._sent_states != self.instance_states):
+        if self.instance_states and (full or self._sent_states != self.instance_states
+                                     or self._sent_states_epoch != self.member_epoch):
             # (absent means unchanged: a report with no instance is never needed, as the
-            # coordinator shows states only of what the member owns)
+            # coordinator shows states only of what the member owns. Sent again at each new
+            # epoch: the coordinator forgets the states of a connector whose target state
+            # changed, and takes a STOPPED one as the proof that its stop has ended)
             states = self._in_flight_states = dict(self.instance_states)
+            self._in_flight_states_epoch = self.member_epoch
         if max_wait_ms is None:
             # At most a third of the session: the lease runs from the send time of the last
             # answered heartbeat, so two long polls back to back must end well within it (a
@@ -298,6 +304,7 @@ class Membership:
                 self._sent_url = sent.worker_url
             if self._in_flight_states is not None:
                 self._sent_states = self._in_flight_states
+                self._sent_states_epoch = self._in_flight_states_epoch
         # Fix: the coordinator counts the session from when it handled the request, which is
         # before its (possibly long-polled) answer arrives; counting from the answer made the
         # self-fencing in check_session fire after the coordinator could already have expired

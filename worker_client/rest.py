@@ -62,8 +62,10 @@ from worker_client.client import ConnectionFailed, coordinator_error
 from worker_client.membership import State
 
 RETRIABLE = {int(ErrorCode.NOT_COORDINATOR), int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
-             int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS), int(ErrorCode.REQUEST_TIMED_OUT)}
-"""Coordinator answers asked again until the request timeout (then 409)."""
+             int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS), int(ErrorCode.REQUEST_TIMED_OUT),
+             int(ErrorCode.REBALANCE_IN_PROGRESS)}
+"""Coordinator answers asked again until the request timeout (then 409). REBALANCE_IN_PROGRESS:
+an offsets change of a stopped connector whose instances are still stopping."""
 FORBIDDEN = {int(ErrorCode.GROUP_AUTHORIZATION_FAILED), int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)}
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 MAX_BODY_BYTES = DEFAULT_MAX_FRAME_SIZE

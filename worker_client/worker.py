@@ -392,6 +392,8 @@ class Worker:
         self.log = MemberLog(self.membership, config.group_id, config.instance_id)
         self.instances: dict[Item, _Instance] = {}
         self._stopping: dict[Item, asyncio.Future[None]] = {}  # stops in progress
+        self._targets: dict[str, str] = {}  # connector -> target state, as last fetched
+        self._targets_epoch = -1  # the member epoch that fetch was sent at
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._kick = asyncio.Event()  # stop() queued the drain: start it without the heartbeat
@@ -525,6 +527,7 @@ class Worker:
                         await asyncio.wait_for(self._wake.wait(), min(wait, 1.0))
                     continue
                 m.instance_states = {item: inst.report() for item, inst in self.instances.items()}
+                m.instance_states.update(self._held_states())
                 req = m.heartbeat_request(now, keepalive=busy)
                 gen = self._lost_gen
                 self._inflight = asyncio.create_task(self.client.send(
@@ -849,11 +852,29 @@ class Worker:
         for item in sorted((restart | resume) & m.owned & m.assigned):
             await self._start(item, configs.get(item.connector))
 
+    def _held_states(self) -> dict[Item, tuple[str, str | None, str | None]]:
+        """PAUSED or STOPPED for each owned item of a paused or stopped connector that has no
+        instance here and none stopping: nothing of it runs (a stop that ended has committed
+        its last offsets; the coordinator lets an offsets change in only once every owner
+        says so). Only from configs fetched at the current member epoch or later (an older
+        fetch may predate a resume and stop the coordinator has since seen)."""
+        m = self.membership
+        if self._targets_epoch < m.member_epoch:
+            return {}
+        return {item: (target, None, None) for item in m.owned
+                if item not in self.instances and item not in self._stopping
+                and (target := self._targets.get(item.connector)) in (verbs.PAUSED, verbs.STOPPED)}
+
     async def _configs(self) -> dict[str, _Spec]:
+        epoch = self.membership.member_epoch  # (the fetch sees every change stored before it)
         resp = await self.client.send(ConnectGroupDescribeRequest(group_ids=(self.config.group_id,)))
         (g,) = resp.groups
         if g.error_code and g.error_code != ErrorCode.NO_ASSIGNOR_COVERS_GROUP:
             raise ConnectionFailed(f"describe failed: {error_name(g.error_code)}: {g.error_message}")
+        if epoch >= self._targets_epoch:
+            self._targets = {c.name: verbs.target_state({e.name: e.value for e in c.config})
+                             for c in g.connectors}
+            self._targets_epoch = epoch
         return {c.name: _Spec(
             {e.name: e.value for e in c.config}, c.task_count,
             None if c.task_configs is None else tuple(

@@ -91,7 +91,7 @@ class InstanceState:
     task: int = field(metadata={'kafka_type': 'int32'})
     "The task's index, or -1 for the connector instance itself."
     state: str = field(metadata={'kafka_type': 'string'})
-    "RUNNING, FAILED or RESTARTING."
+    "RUNNING, FAILED or RESTARTING; PAUSED or STOPPED: the item of a paused or stopped connector, no instance of it running (any stop has ended)."
     error_message: str | None = field(metadata={'kafka_type': 'string'}, default=None)
     "The last failure's error (FAILED, RESTARTING after a failure), or null."
     trace: str | None = field(metadata={'kafka_type': 'string'}, default=None)

@@ -56,7 +56,7 @@ class InstanceState:
     task: int = field(metadata={'kafka_type': 'int32'})
     "The task's index, or -1 for the connector instance itself."
     state: str = field(metadata={'kafka_type': 'string'})
-    "RUNNING, FAILED or RESTARTING."
+    "RUNNING, FAILED or RESTARTING; PAUSED or STOPPED: the item of a paused or stopped connector, no instance of it running (any stop has ended)."
     error_message: str | None = field(metadata={'kafka_type': 'string'}, default=None)
     "The last failure's error (FAILED, RESTARTING after a failure), or null."
     trace: str | None = field(metadata={'kafka_type': 'string'}, default=None)
@@ -91,4 +91,4 @@ class ConnectGroupHeartbeatRequest:
     max_wait_ms: int = field(metadata={'kafka_type': 'int32'}, default=0)
     "Long poll: the coordinator may hold the response up to this many milliseconds and answers as soon as anything in it would differ; 0 answers at once."
     instance_states: tuple[InstanceState, ...] = field(metadata={'tag': 0}, default=())
-    "Absent (empty) if unchanged since the last heartbeat; the state of every instance the worker runs otherwise (all of them: it replaces the previous report). Sent in full on join. Kept in the coordinator's memory only."
+    "Absent (empty) if unchanged since the last heartbeat at the same member epoch; the state of every instance the worker runs otherwise (all of them: it replaces the previous report). Sent in full on join and again at each new member epoch. Kept in the coordinator's memory only."

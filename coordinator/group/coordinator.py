@@ -1959,6 +1959,16 @@ class GroupCoordinator:
             self._bump(txn, g, now_ms, "connectors_changed", connectors=len(updated),
                        items=item_count(updated.values()))
         self._strip_removed(txn, g, before - g.configured)
+        # A target state changed: the states reported for the connector's items are of before
+        # (a STOPPED one would let an offsets change in while an instance resumed meanwhile is
+        # stopping again): forgotten until the workers report again (they do on their epoch
+        # change).
+        moved = {name for name, spec in updated.items() if name in current and
+                 target_state(dict(spec.config)) != target_state(dict(current[name].config))}
+        if moved:
+            for reported in g.soft.instance_states.values():
+                for item in [i for i in reported if i.connector in moved]:
+                    del reported[item]
         if g.connectors:
             g.soft.empty_since_ms = None
         if g.offset_garbage:  # a deleted connector's offsets: tombstoned in batches, from now
@@ -2238,6 +2248,15 @@ class GroupCoordinator:
                 f"(connector {spec.name!r} is {state}). This can be done for the specified "
                 f"connector by running 'connect-coordinator connectors stop --group "
                 f"{g.group_id} {spec.name}'.")
+        stopping = self._still_stopping(g, spec.name)
+        if stopping:
+            # A task's stop() may commit its last offsets: a change stored before that commit
+            # would be overwritten by it. Retriable: the workers report the stop soon.
+            raise _Reject(
+                E.REBALANCE_IN_PROGRESS,
+                f"Connector {spec.name!r}'s instances are still stopping on member(s) "
+                f"{', '.join(stopping)} (not reported STOPPED yet): its offsets can be modified "
+                "once they have stopped. Retry.")
         if req.reset:
             if req.offsets:
                 raise _Reject(E.INVALID_REQUEST,
@@ -2260,6 +2279,20 @@ class GroupCoordinator:
             return ConnectGroupAlterOffsetsResponse()
         self._write_offsets(txn, g, spec, changes)
         return ConnectGroupAlterOffsetsResponse()
+
+    @staticmethod
+    def _still_stopping(g: Group, connector: str) -> list[str]:
+        """The members (``member (instance)``) that own an item of ``connector`` (assigned or
+        being revoked) and have not reported it STOPPED since its target state last changed:
+        its instance there may still be running, or stopping and committing."""
+        late = []
+        for member_id, cur in sorted(g.current.items()):
+            reported = g.soft.instance_states.get(member_id, {})
+            if any(item.connector == connector and reported.get(item, ("",))[0] != STOPPED
+                   for item in cur.owned):
+                instance = g.members[member_id].instance_id if member_id in g.members else None
+                late.append(member_id if instance is None else f"{member_id} ({instance})")
+        return late
 
     def _delete_batch(self, keys: Iterable[tuple[str, str]], group_id: str) -> list[tuple[str, str]]:
         """The first of ``keys`` (connector, partition) that one write may tombstone: at most
