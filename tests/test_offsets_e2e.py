@@ -12,13 +12,19 @@ from typing import Any
 
 import pytest
 
+from connect_wire import connectors as shared
 from connect_wire.apis import ApiKey
 from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import (
+    ConnectGroupAlterConnectorsRequest,
+    ConnectGroupAlterOffsetsRequest,
     ConnectGroupCommitOffsetsRequest,
+    ConnectGroupDescribeRequest,
     ConnectGroupFetchOffsetsRequest,
     ConnectGroupWriteTaskConfigsRequest,
 )
+from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alter
+from connect_wire.messages import connect_group_alter_offsets_request_v0 as _alt
 from connect_wire.messages import connect_group_commit_offsets_request_v0 as _com
 from connect_wire.messages import connect_group_heartbeat_request_v0 as _hb
 from connect_wire.messages import connect_group_write_task_configs_request_v0 as _wtc
@@ -340,3 +346,47 @@ def test_fetch_offsets_answer_is_bounded_by_the_response_limit(
     assert d.alive()
     admin.close()
     w.close()
+
+
+def test_alter_right_after_stop_is_never_overwritten_by_a_stopping_tasks_last_commit(
+        tmp_path: Path, pool: DaemonPool) -> None:
+    """A real worker runs the bundled counter example, whose tasks commit their position once
+    more from stop(). ``stop`` then ``offsets alter`` at once (one admin session, back to back):
+    the alter used to land before the tasks' stop() commits, which then overwrote it. Now the
+    coordinator refuses it (retriably) until the worker has reported the instances STOPPED, and
+    the session asks again until then: the operator's offsets stay."""
+    from coordinator.admin import AdminSession
+    from tests.counter_harness import CONNECTOR, TASKS, CounterRun
+
+    d = pool.start(tmp_path / "data")
+    run = CounterRun(tmp_path, d.bootstrap, "g", lambda group: None)
+    run.create(tasks=2, partitions=4)
+    run.spawn("w1")
+    try:
+        run.wait(lambda: all(run.committed(i, 3) for i in TASKS), "the tasks to commit")
+        with AdminSession([(d.host, d.port)], timeout_s=30) as session:
+            (g,) = session.group_call("g", ConnectGroupDescribeRequest(group_ids=("g",))).groups
+            spec = next(c for c in g.connectors if c.name == CONNECTOR)
+            config = shared.state_config(shared.config_of(spec), "stop")
+            stopped_at = time.time()
+            r = session.group_call("g", ConnectGroupAlterConnectorsRequest(
+                group_id="g", upserts=(_alter.ConnectorSpec(
+                    name=CONNECTOR, task_count=spec.task_count,
+                    config=tuple(_alter.ConfigEntry(name=k, value=v)
+                                 for k, v in sorted(config.items()))),), validate_only=False))
+            assert r.error_code == 0, r
+            wanted = {p: 100_000 + p for p in range(4)}
+            r = session.group_call("g", ConnectGroupAlterOffsetsRequest(
+                group_id="g", connector=CONNECTOR, reset=False, validate_only=False,
+                offsets=tuple(_alt.PartitionOffset(partition=shared.canonical({"partition": p}),
+                                                   offset=shared.canonical({"seq": s}))
+                              for p, s in wanted.items())),
+                retry=frozenset({int(E.REBALANCE_IN_PROGRESS)}))
+            assert r.error_code == 0, r
+        # Each task's stop() committed (now before the alter was taken; it used to be after) ...
+        run.wait(lambda: all(run.committed(i, 1, since=stopped_at) for i in TASKS),
+                 "the tasks' stop() commits")
+        # ... and nothing overwrote the operator's offsets.
+        assert run.offsets() == wanted, run.logs()
+    finally:
+        run.stop_all()

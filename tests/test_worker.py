@@ -673,6 +673,26 @@ def test_instance_states_sent_on_join_and_only_when_they_change() -> None:
     assert rejoin.member_epoch == 0 and len(rejoin.instance_states) == 2  # in full on a rejoin
 
 
+def test_instance_states_are_sent_again_at_each_new_member_epoch() -> None:
+    """The coordinator forgets the states reported for a connector whose target state changed
+    (a STOPPED one from before a resume and a stop must not let an offsets change in), so
+    unchanged states are sent again once the member epoch moved."""
+    a, a0 = Item.parse("A"), Item.parse("A/0")
+    m = Membership("g", ADS)
+    m.join(0)
+    m.on_response(_response(1, ("A", "A/0"), member_id="m"), 0)
+    m.assigned_started(frozenset({a, a0}), 0)
+    m.instance_states = {a: ("STOPPED", None, None), a0: ("STOPPED", None, None)}
+    assert len(m.heartbeat_request(10).instance_states) == 2
+    m.on_response(_response(1), 10)
+    assert m.heartbeat_request(20).instance_states == ()  # unchanged, same epoch: not sent
+    m.on_response(_response(2, ("A", "A/0")), 20)
+    assert m.member_epoch == 2
+    assert [s.state for s in m.heartbeat_request(30).instance_states] == ["STOPPED", "STOPPED"]
+    m.on_response(_response(2), 30)
+    assert m.heartbeat_request(40).instance_states == ()
+
+
 def test_failure_error_and_trace_stay_within_the_coordinators_bounds_in_utf8_bytes() -> None:
     from connect_wire.instance_states import TEXT_LIMIT_BYTES
     from worker_client.worker import failure_error, failure_trace
