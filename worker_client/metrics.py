@@ -35,8 +35,20 @@ class WorkerMetrics:
             f"{NS}_stale_epoch_resends", "Writes fenced by the member epoch (offsets, task "
             "configs) sent again after STALE_MEMBER_EPOCH, once a heartbeat brought the newer epoch",
             registry=r)
+        self.heartbeat_gap = Histogram(
+            f"{NS}_heartbeat_gap_seconds", "Time between the sends of two consecutive answered "
+            "heartbeats: each renews the session lease, which ends a session timeout after the "
+            "last one, so a gap near the session timeout means the worker nearly lost its work",
+            buckets=(0.1, 0.5, 1, 2, 3, 3.5, 4, 5, 6, 8, 10, 15, 30, 60), registry=r)
+        self.heartbeat_last_gap = Gauge(f"{NS}_heartbeat_last_gap_seconds",
+                                        "The latest of connect_worker_heartbeat_gap_seconds",
+                                        registry=r)
         self.fenced_writes = Counter(f"{NS}_fenced_writes", "Writes fenced by the member epoch "
                                      "refused (FencedError)", registry=r)
+
+    def heartbeat_answered(self, gap_s: float) -> None:
+        self.heartbeat_gap.observe(gap_s)
+        self.heartbeat_last_gap.set(gap_s)
 
     def observe(self, state: str, epoch: int, owned: frozenset[Item]) -> None:
         for name, child in self._state.items():

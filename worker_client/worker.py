@@ -565,8 +565,11 @@ class Worker:
                 if resp.error_code:
                     self.log.info("heartbeat error", error=error_name(resp.error_code),
                                   message=resp.error_message)
-                epoch = m.member_epoch
+                epoch, renewed = m.member_epoch, m.last_success_ms
                 actions = m.on_response(resp, now_ms())
+                if renewed is not None and m.last_success_ms is not None \
+                        and m.last_success_ms != renewed:
+                    self.metrics.heartbeat_answered((m.last_success_ms - renewed) / 1000)
                 self._notify_news()
                 for action in actions:
                     if isinstance(action, Revoke | Assign):
