@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -593,3 +596,105 @@ def test_idle_connections_are_bounded(workers: Workers) -> None:
         for s in idle:
             s.close()
     until(lambda: healthy(workers.urls["w1"]), "w1 serving again", workers)
+
+
+def _outcome(method: str, url: str, body: Any = None) -> tuple[str, Any]:
+    """("answer", status) or ("connection error" | "timeout", the exception's repr)."""
+    try:
+        return "answer", http(method, url, body)[0]
+    except (TimeoutError, urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return ("timeout" if isinstance(reason, TimeoutError) else "connection error"), repr(exc)
+
+
+def test_worker_killed_mid_request_and_another_worker_answers_consistently(workers: Workers) -> None:
+    """kill -9 of a worker while a create, a config update and a status read are inside it
+    (each waiting for the coordinator, held by a SIGSTOP of the daemon shorter than the
+    session): each client gets a connection error at once, not a hang until its timeout; the
+    other worker then shows each change either fully applied or not at all, and retrying them
+    there works (POST 201, or 409 if the first one had been applied; PUT 200)."""
+    base = workers.urls["w1"]
+    kept = connector(workers, "kept", tasks=1, **{"record.tag": "v1"})
+    assert http("POST", f"{base}/connectors", kept)[0] == 201
+    workers.spawn("victim")
+    victim_url = workers.urls["victim"]
+    victim = workers.procs.pop("victim")  # (killed here: not one of the module's clean exits)
+    try:
+        until(lambda: healthy(victim_url), "the victim healthy", workers)
+        born = connector(workers, "born", tasks=1)
+        update = {**kept["config"], "record.tag": "v2"}
+        calls = {"create": ("POST", f"{victim_url}/connectors", born),
+                 "update": ("PUT", f"{victim_url}/connectors/kept/config", update),
+                 "status": ("GET", f"{victim_url}/connectors/kept/status", None)}
+        with ThreadPoolExecutor(len(calls)) as pool:
+            workers.daemon.proc.send_signal(signal.SIGSTOP)
+            try:
+                futures = {name: pool.submit(_outcome, *call) for name, call in calls.items()}
+                time.sleep(0.4)  # (the victim reads each request and asks the paused coordinator)
+                victim.kill()
+                victim.wait(10)
+            finally:
+                workers.daemon.proc.send_signal(signal.SIGCONT)
+            outcomes = {name: f.result(timeout=60) for name, f in futures.items()}
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+    assert {name: kind for name, (kind, _) in outcomes.items()} == dict.fromkeys(calls, "connection error"), \
+        outcomes
+
+    # The other worker: every change fully applied or not at all ...
+    status, _, body = http("GET", f"{base}/connectors/born/config")
+    assert status == 404 or (status, body) == (200, {**born["config"], "name": "born"}), (status, body)
+    created_before = status == 200
+    got = http("GET", f"{base}/connectors/kept/config")[2]
+    assert got in ({**kept["config"], "name": "kept"}, {**update, "name": "kept"}), got
+    # ... and the same requests retried there work.
+    assert http("POST", f"{base}/connectors", born)[0] == (409 if created_before else 201)
+    assert http("GET", f"{base}/connectors/born/config")[2] == {**born["config"], "name": "born"}
+    status, _, body = http("PUT", f"{base}/connectors/kept/config", update)
+    assert status == 200 and body["config"]["record.tag"] == "v2"
+    assert http("GET", f"{base}/connectors/kept/config")[2] == {**update, "name": "kept"}
+    assert http("GET", f"{base}/connectors/kept/status")[0] == 200
+    for name in ("born", "kept"):
+        assert http("DELETE", f"{base}/connectors/{name}")[0] == 204
+
+
+def _describes(workers: Workers) -> float:
+    """ConnectGroupDescribe requests the coordinator answered so far (its /metrics)."""
+    assert workers.daemon.metrics_url is not None
+    with urllib.request.urlopen(workers.daemon.metrics_url, timeout=30) as resp:
+        text = resp.read().decode()
+    return sum(float(v) for v in re.findall(
+        r'^connect_coordinator_requests_total\{api="ConnectGroupDescribe",[^}]*\} (\S+)$', text, re.M))
+
+
+def test_concurrent_reads_share_the_describes(workers: Workers) -> None:
+    """Reads that come in together share one ConnectGroupDescribe in flight (each one queued in
+    the group's partition ahead of the members' heartbeats: one per request used to be sent),
+    and every answer is still that of a Describe sent after the read came in."""
+    base = workers.urls["w1"]
+    assert http("POST", f"{base}/connectors", connector(workers, "shared", tasks=1))[0] == 201
+    n = 40
+    start = threading.Barrier(n)
+
+    def read(i: int) -> tuple[int, Any]:
+        start.wait()
+        path = "/connectors/shared/status" if i % 2 else "/connectors?expand=status"
+        status, _, body = http("GET", base + path)
+        return status, body
+
+    before = _describes(workers)
+    with ThreadPoolExecutor(n) as pool:
+        answers = list(pool.map(read, range(n)))
+    sent = _describes(workers) - before
+    assert [status for status, _ in answers] == [200] * n, answers
+    assert all((body if i % 2 else body["shared"]["status"])["name"] == "shared"
+               for i, (_, body) in enumerate(answers))
+    assert sent <= n // 2, f"{sent:g} Describes for {n} concurrent reads"
+    # A write then a read: the read sees it (its Describe was sent after the write ended).
+    update = {**connector(workers, "shared", tasks=1)["config"], "record.tag": "v2"}
+    for tag in ("v2", "v3"):
+        assert http("PUT", f"{base}/connectors/shared/config", {**update, "record.tag": tag})[0] == 200
+        assert http("GET", f"{base}/connectors/shared/config")[2]["record.tag"] == tag
+    assert http("DELETE", f"{base}/connectors/shared")[0] == 204

@@ -222,6 +222,9 @@ class RestApi:
         self.request_timeout_s = request_timeout_s
         self.users = dict(users) if users else None
         self._page: tuple[bytes, str] | None = None
+        self.version = version()  # (read from the installed metadata: about 1 ms, so once)
+        self._waiting: asyncio.Future[Any] | None = None
+        self._describing: asyncio.Task[None] | None = None
 
     # -- plumbing ----------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -344,11 +347,52 @@ class RestApi:
             await asyncio.sleep(min(client.backoff_s(), max(0.0, deadline - loop.time())))
 
     async def _group(self) -> Any:
-        resp = await self._call(ConnectGroupDescribeRequest(group_ids=(self.group,)))
-        (g,) = resp.groups
-        if g.error_code and g.error_code != ErrorCode.NO_ASSIGNOR_COVERS_GROUP:
-            raise RestError(500, f"{error_name(g.error_code)}: {g.error_message}")
-        return g
+        """The group as the coordinator describes it, in a ConnectGroupDescribe sent after this
+        call began (a request sees every change that completed before it came in).
+
+        Concurrent requests share it: one Describe in flight at a time; the requests that
+        come in meanwhile wait for the next one, sent when it ends, which answers them all.
+        A flood of REST reads then costs the coordinator one Describe per round trip, not one
+        per request: each one used to be queued in the group's partition, ahead of the
+        heartbeats of every member of its group (1,024 concurrent clients delayed this
+        worker's heartbeats by up to 2.2 s)."""
+        waiter = self._waiting
+        if waiter is None:
+            waiter = self._waiting = asyncio.get_running_loop().create_future()
+            # (an answer nobody awaits any more, every request gone, is not logged as lost)
+            waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if self._describing is None:
+                self._describing = asyncio.create_task(self._describe_waiting())
+        return await asyncio.shield(waiter)
+
+    async def _describe_waiting(self) -> None:
+        try:
+            while self._waiting is not None:
+                waiter, self._waiting = self._waiting, None
+                try:
+                    resp = await self._call(ConnectGroupDescribeRequest(group_ids=(self.group,)))
+                    (g,) = resp.groups
+                    if g.error_code and g.error_code != ErrorCode.NO_ASSIGNOR_COVERS_GROUP:
+                        raise RestError(500, f"{error_name(g.error_code)}: {g.error_message}")
+                except asyncio.CancelledError:
+                    waiter.cancel()
+                    raise
+                except Exception as exc:  # noqa: BLE001 - every request waiting gets it
+                    waiter.set_exception(exc)
+                else:
+                    waiter.set_result(g)
+        finally:
+            self._describing = None
+            if self._waiting is not None:  # (cancelled: the ones still waiting too)
+                self._waiting.cancel()
+                self._waiting = None
+
+    async def close(self) -> None:
+        """End the shared Describe, if one is in flight (the server is stopping)."""
+        task = self._describing
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _connector(self, name: str) -> tuple[Any, Any]:
         g = await self._group()
@@ -416,7 +460,7 @@ class RestApi:
 
     # -- root --------------------------------------------------------------------------------
     async def root(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": version(), "commit": "unknown",
+        return web.json_response({"version": self.version, "commit": "unknown",
                                   "kafka_cluster_id": self.group})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -854,6 +898,7 @@ class RestServer:
             await runner.cleanup()
         if listener is not None:
             await listener.wait_closed()
+        await self.api.close()
 
 
 class _Slots:
