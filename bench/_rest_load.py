@@ -5,8 +5,8 @@ the next sent when the answer is read), over keep-alive connections (one per cli
 SPEC: ``{"urls": [...], "clients": N, "duration": S, "warmup": S, "timeout_s": S}``; each
 client goes round ``urls`` from its own offset. It prints ``measuring`` when the measured
 window opens and ``measured`` when it closes, then one JSON line: the requests answered in the
-window, per second, latency percentiles (ms), the answers by status and the requests that got
-no answer (connection errors, timeouts).
+window with a 2xx status, per second, their latency percentiles (ms), the answers by status and
+the requests that got no answer (connection errors, timeouts).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                     failures[type(exc).__name__] += 1
                 continue
             if measuring:
-                latencies.append(time.perf_counter() - started)
                 statuses[status] += 1
+                if 200 <= status < 300:  # (a refusal, e.g. 503 past the connections served, is
+                    latencies.append(time.perf_counter() - started)  # counted, not timed)
 
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
