@@ -211,6 +211,7 @@ class Harness:
         self, member_id: str, assignment: dict[str, Iterable[str]], group_epoch: int,
         epoch: int | None = None, group_id: str = "g", error: int = 0,
         assignor_state: bytes = b"", delay_ms: int = -1,
+        kept_for: dict[str, tuple[str | None, Iterable[str]]] | None = None,
     ) -> Any:
         if epoch is None:
             epoch = self.group(group_id).current[member_id].epoch
@@ -221,10 +222,15 @@ class Harness:
                 member_id=mid, connectors=connectors, tasks=tasks,
                 metadata_version=0, metadata_bytes=b"",
             ))
+        kept = []
+        for mid, (instance_id, its) in (kept_for or {}).items():
+            connectors, tasks = wire_lists(its, _inst.TaskId)
+            kept.append(_inst.KeptItems(member_id=mid, instance_id=instance_id,
+                                        connectors=connectors, tasks=tasks))
         req = ConnectGroupInstallAssignmentRequest(
             group_id=group_id, member_id=member_id, member_epoch=epoch, group_epoch=group_epoch,
             error=error, assignor_state=assignor_state, scheduled_rebalance_delay_ms=delay_ms,
-            members=tuple(members),
+            members=tuple(members), kept_for=tuple(kept),
         )
         return self.apply(self.coordinator.install_assignment(req, self.now))
 
@@ -244,8 +250,10 @@ class Harness:
         assert response.error_code == 0, response
         return prepared
 
-    def describe(self, *group_ids: str) -> Any:
-        return self.coordinator.describe(ConnectGroupDescribeRequest(group_ids=group_ids or ("g",)))
+    def describe(self, *group_ids: str, now_ms: int | None = None) -> Any:
+        """Describe at ``now_ms`` (the harness clock unless given)."""
+        return self.coordinator.describe(ConnectGroupDescribeRequest(group_ids=group_ids or ("g",)),
+                                         self.now if now_ms is None else now_ms)
 
     # -- views ------------------------------------------------------------------------------
     def current(self, member_id: str, group_id: str = "g") -> tuple[int, list[str]]:

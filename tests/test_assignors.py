@@ -475,11 +475,13 @@ def test_each_departure_gets_its_own_delay() -> None:
     # w1's work is released (w3 is the only member left); w2's is still held for 50 s more.
     assert sim.held() == {"w2": names(before["w2"])}
     assert r.scheduled_rebalance_delay_ms == 50_000
+    # The result says what it keeps for whom (the coordinator shows it to operators).
+    assert {m: names(its) for m, (_, its) in r.kept_for.items()} == sim.held()
     assert before["w1"] | before["w3"] == sim.targets["w3"]
     sim.join("w2")
     r = sim.compute()
     assert sim.targets["w2"] >= before["w2"]
-    assert r.scheduled_rebalance_delay_ms == -1
+    assert r.scheduled_rebalance_delay_ms == -1 and r.kept_for == {}
     assert_balanced(r, FOUR)
 
 

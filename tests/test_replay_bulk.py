@@ -42,6 +42,7 @@ from coordinator.group.model import (
     ConnectorSpec,
     CurrentAssignment,
     Item,
+    KeptFor,
     MemberMetadata,
     MemberState,
     TargetMember,
@@ -142,7 +143,10 @@ def records(
         target = TargetMember(draw(item_sets(mid, shared)), draw(st.integers(0, 2)), draw(blobs))
         record = rec.target_member(gid, mid, target)
     elif kind == "target_metadata":
-        record = rec.target_metadata(gid, draw(small), draw(st.integers(-1, 1)), draw(blobs), draw(small))
+        kept = draw(st.lists(st.builds(KeptFor, st.sampled_from(MEMBERS), st.sampled_from([None, "i"]),
+                                       item_sets(mid, shared)), max_size=2))
+        record = rec.target_metadata(gid, draw(small), draw(st.integers(-1, 1)), draw(blobs), draw(small),
+                                     kept)
     elif kind == "current":
         record = rec.current_assignment(gid, mid, draw(current_assignments(mid, shared)))
     elif kind == "configuration":
@@ -393,7 +397,8 @@ def _check_decoders(key: bytes, value: bytes | None) -> None:
         3: lambda: rec.member_from(k.member_id, serde.decode_value(3, value)),
         4: lambda: rec.target_from(serde.decode_value(4, value)),
         5: lambda: (lambda v: (v.assignment_epoch, v.error, v.assignor_state,
-                               v.scheduled_rebalance_at_ms))(serde.decode_value(5, value)),
+                               v.scheduled_rebalance_at_ms, rec.kept_from(v.kept_for)))(
+            serde.decode_value(5, value)),
         6: lambda: (lambda c: (c, c.owned))(rec.current_from(serde.decode_value(6, value))),
     }.get(kind)
     fast = {

@@ -146,6 +146,8 @@ class Member:
     "The last reported state of each instance the member owns (absent: none reported since it joined or since the coordinator started)."
     fencing_tokens: tuple[ItemToken, ...] = field(metadata={'tag': 3}, default=())
     "The fencing token of each item the member owns."
+    last_heartbeat_ms_ago: int = field(metadata={'kafka_type': 'int64', 'tag': 4}, default=-1)
+    "How many milliseconds before this answer the coordinator last received a heartbeat from the member, by its wall clock; -1 if unknown (none since the coordinator loaded the group)."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,6 +165,23 @@ class Hold:
     "When the hold ends, in the coordinator's wall-clock milliseconds since the Unix epoch; -1 if unknown."
     items: Assignment = field()
     "The held connectors and tasks."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeptItems:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 10003
+    __header_schema__: ClassVar[type | None] = ResponseHeader
+    member_id: str = field(metadata={'kafka_type': 'string'})
+    "The departed member's id."
+    instance_id: str | None = field(metadata={'kafka_type': 'string'}, default=None)
+    "Its static instance id, or null if it had none."
+    until_ms: int = field(metadata={'kafka_type': 'int64'})
+    "The scheduled rebalance that gives them out, in the coordinator's wall-clock milliseconds since the Unix epoch; -1 if none is scheduled."
+    items: Assignment = field()
+    "The kept connectors and tasks."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +213,12 @@ class DescribedGroup:
     "The members of the group."
     holds: tuple[Hold, ...] = field(metadata={'tag': 0}, default=())
     "Items held for fenced members: owned by no live member and given to nobody until the hold ends (absent: none)."
+    heartbeat_interval_ms: int = field(metadata={'kafka_type': 'int32', 'tag': 1}, default=-1)
+    "The heartbeat interval the group's members are given, or -1 if unknown."
+    session_timeout_ms: int = field(metadata={'kafka_type': 'int32', 'tag': 2}, default=-1)
+    "The session timeout of the group's members, or -1 if unknown."
+    kept_for: tuple[KeptItems, ...] = field(metadata={'tag': 3}, default=())
+    "Items the assignor keeps unassigned for a departed member until the scheduled rebalance (absent: none)."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

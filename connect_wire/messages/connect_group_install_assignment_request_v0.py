@@ -43,6 +43,23 @@ class MemberAssignment:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KeptItems:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 10002
+    __header_schema__: ClassVar[type | None] = RequestHeader
+    member_id: str = field(metadata={'kafka_type': 'string'})
+    "The departed member's id."
+    instance_id: str | None = field(metadata={'kafka_type': 'string'}, default=None)
+    "Its static instance id, or null if it had none."
+    connectors: tuple[str, ...] = field(metadata={'kafka_type': 'string'}, default=())
+    "The connectors kept for it."
+    tasks: tuple[TaskId, ...] = field(default=())
+    "The tasks kept for it."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectGroupInstallAssignmentRequest:
     __type__: ClassVar = EntityType.request
     __version__: ClassVar[int] = 0
@@ -65,3 +82,5 @@ class ConnectGroupInstallAssignmentRequest:
     "-1 for none; otherwise the coordinator starts a new assignment computation after this many milliseconds."
     members: tuple[MemberAssignment, ...] = field(default=())
     "The new target assignment of every member."
+    kept_for: tuple[KeptItems, ...] = field(metadata={'tag': 0}, default=())
+    "Items left unassigned for a departed member until the scheduled rebalance, and for whom (absent: none); for operators, the coordinator only shows them."

@@ -10,6 +10,36 @@ from kio.static.constants import EntityType
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskId:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 5
+    __header_schema__: ClassVar[type | None] = None
+    connector: str = field(metadata={'kafka_type': 'string'})
+    "The connector the task belongs to."
+    task: int = field(metadata={'kafka_type': 'int32'})
+    "The task's index within its connector."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeptItems:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 5
+    __header_schema__: ClassVar[type | None] = None
+    member_id: str = field(metadata={'kafka_type': 'string'})
+    "The departed member's id."
+    instance_id: str | None = field(metadata={'kafka_type': 'string'}, default=None)
+    "Its static instance id, or null if it had none."
+    connectors: tuple[str, ...] = field(metadata={'kafka_type': 'string'}, default=())
+    "The connectors kept for it."
+    tasks: tuple[TaskId, ...] = field(default=())
+    "The tasks kept for it."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TargetAssignmentMetadataValue:
     __type__: ClassVar = EntityType.data
     __version__: ClassVar[int] = 0
@@ -24,3 +54,5 @@ class TargetAssignmentMetadataValue:
     "The assignor state saved with the assignment, opaque to the coordinator."
     scheduled_rebalance_at_ms: int = field(metadata={'kafka_type': 'int64'})
     "When the coordinator starts the next assignment computation (coordinator time in ms), or -1 for none."
+    kept_for: tuple[KeptItems, ...] = field(metadata={'tag': 0}, default=())
+    "Items the assignor left unassigned for a departed member until the scheduled rebalance, as the install said (absent: none)."

@@ -112,6 +112,7 @@ from .model import (
     Group,
     GroupState,
     Item,
+    KeptFor,
     MemberMetadata,
     MemberState,
     TargetMember,
@@ -258,7 +259,7 @@ def _forget_strangers(g: Group) -> None:
     """Drop the soft state of member ids that are neither members nor holds of ``g``."""
     soft = g.soft
     for per_member in (soft.session_deadline, soft.rebalance_deadline, soft.reported_owned,
-                       soft.instance_states):
+                       soft.instance_states, soft.last_heartbeat):
         for mid in [m for m in per_member if m not in g.members]:
             del per_member[mid]
     soft.dirty &= set(g.members)
@@ -498,6 +499,7 @@ class GroupCoordinator:
             self.config.for_group(g.configs) if g.configs else self._default_timeouts)
         deadline = now_ms + session_ms
         soft.session_deadline[member_id] = deadline
+        soft.last_heartbeat[member_id] = now_ms
         # Responses are immutable and the same for every member at this epoch and interval.
         response = self._steady_responses.get((epoch, interval_ms))
         if response is None:
@@ -650,10 +652,11 @@ class GroupCoordinator:
             self._after(txn, g, now_ms)
         return txn.result(None)
 
-    def describe(self, req: ConnectGroupDescribeRequest, now_ms: int = 0) -> ConnectGroupDescribeResponse:
-        """Read-only. (The runtime serves it from committed state.)"""
+    def describe(self, req: ConnectGroupDescribeRequest, now_ms: int = -1) -> ConnectGroupDescribeResponse:
+        """Read-only. (The runtime serves it from committed state.) ``now_ms``: the wall clock,
+        for each member's last heartbeat age (-1: not given, ages unknown)."""
         return ConnectGroupDescribeResponse(
-            groups=tuple(self._describe_group(gid) for gid in req.group_ids)
+            groups=tuple(self._describe_group(gid, now_ms) for gid in req.group_ids)
         )
 
     def list_groups(self) -> list[tuple[str, str]]:
@@ -899,6 +902,7 @@ class GroupCoordinator:
         self._reconcile(txn, g, member_id, owned, now_ms)
         session_ms, interval_ms = self.config.for_group(g.configs)
         self._touch_session(txn, g, member_id, now_ms, session_ms)
+        g.soft.last_heartbeat[member_id] = now_ms
         after = g.current[member_id]
 
         full = (
@@ -1460,6 +1464,7 @@ class GroupCoordinator:
     def _forget_member(self, txn: _Txn, g: Group, member_id: str) -> None:
         soft = g.soft
         soft.session_deadline.pop(member_id, None)
+        soft.last_heartbeat.pop(member_id, None)
         soft.rebalance_deadline.pop(member_id, None)
         soft.reported_owned.pop(member_id, None)
         soft.instance_states.pop(member_id, None)
@@ -1531,7 +1536,8 @@ class GroupCoordinator:
         if not g.members:
             if g.epoch > g.assignment_epoch or not g.has_target_metadata:
                 txn.write(rec.target_metadata(
-                    g.group_id, g.epoch, 0, g.assignor_state, g.scheduled_rebalance_at_ms))
+                    g.group_id, g.epoch, 0, g.assignor_state, g.scheduled_rebalance_at_ms,
+                    g.kept_for))
             if g.soft.computation is not None:
                 self._cancel_computation(txn, g)
             self._maybe_arm_expiry(txn, g, now_ms)
@@ -1704,8 +1710,10 @@ class GroupCoordinator:
             raise _Reject(E.INVALID_ASSIGNMENT,
                           f"Group epoch {comp.prepared_epoch} already has an assignment.")
         targets: dict[str, TargetMember] = {}
+        kept = g.kept_for  # the assignor failed: the current target stays, and what it kept
         if req.error == 0:
             targets = self._validate_assignment(g, comp, req)
+            kept = self._validate_kept(comp, req, targets)
         # Install, even if the group moved on: restricted to today's members and items.
         delay = req.scheduled_rebalance_delay_ms
         scheduled_at = now_ms + delay if delay >= 0 else -1
@@ -1723,7 +1731,7 @@ class GroupCoordinator:
         else:
             state = g.assignor_state  # the assignor failed: the current target stays
         txn.write(rec.target_metadata(
-            g.group_id, comp.prepared_epoch, req.error, state, scheduled_at))
+            g.group_id, comp.prepared_epoch, req.error, state, scheduled_at, kept))
         name = g.soft.selected_assignor
         timing = {"compute_ms": (now_ms - comp.prepared_at_ms if comp.prepared_at_ms is not None
                                  else None),
@@ -1781,6 +1789,39 @@ class GroupCoordinator:
             raise _Reject(E.INVALID_ASSIGNMENT,
                           f"{len(missing)} connectors/tasks are not assigned: {names}.")
         return targets
+
+    @staticmethod
+    def _validate_kept(comp: Computation, req: ConnectGroupInstallAssignmentRequest,
+                       targets: dict[str, TargetMember]) -> tuple[KeptFor, ...]:
+        """The install's ``KeptFor``: items it leaves unassigned, each kept for one departed
+        member, only with a scheduled rebalance (else INVALID_ASSIGNMENT). Describe shows of them
+        what is still configured and in nobody's target."""
+        if not req.kept_for:
+            return ()
+        if req.scheduled_rebalance_delay_ms < 0:
+            raise _Reject(E.INVALID_ASSIGNMENT,
+                          "KeptFor needs a scheduled rebalance (ScheduledRebalanceDelayMs >= 0).")
+        assigned = {i for t in targets.values() for i in t.items}
+        seen: dict[Item, str] = {}
+        kept = []
+        for k in req.kept_for:
+            problem = (_validate_items(k.connectors, k.tasks, "KeptFor[].")
+                       or ("KeptFor[].MemberId must be non-empty." if not k.member_id else None))
+            if problem:
+                raise _Reject(E.INVALID_REQUEST, problem)
+            items = items_from_wire(k.connectors, k.tasks)
+            for item in items:
+                if item in assigned or item not in comp.prepared_items:
+                    raise _Reject(E.INVALID_ASSIGNMENT,
+                                  f"{item} is kept for {k.member_id} but is "
+                                  f"{'assigned' if item in assigned else 'unknown'}.")
+                if item in seen:
+                    raise _Reject(E.INVALID_ASSIGNMENT,
+                                  f"{item} is kept for both {seen[item]} and {k.member_id}.")
+                seen[item] = k.member_id
+            if items:
+                kept.append(KeptFor(k.member_id, k.instance_id, items))
+        return tuple(kept)
 
     # == timers =====================================================================================
     # An expiry is re-checked against the soft deadline. One that arrives early (the deadline
@@ -2327,7 +2368,7 @@ class GroupCoordinator:
         else:
             self._maybe_arm_expiry(txn, g, now_ms)
 
-    def _describe_group(self, group_id: str) -> Any:
+    def _describe_group(self, group_id: str, now_ms: int = -1) -> Any:
         g = self.state.groups.get(group_id)
         if not group_id:
             return _desc.DescribedGroup(
@@ -2355,8 +2396,10 @@ class GroupCoordinator:
             )
 
         members = []
+        heard = g.soft.last_heartbeat
         for mid, m in g.members.items():
             cur = g.current.get(mid, NEW_MEMBER_ASSIGNMENT)
+            last = heard.get(mid)
             revoking = assignment(cur.revoking)
             members.append(_desc.Member(
                 member_id=mid, instance_id=m.instance_id, worker_url=m.worker_url,
@@ -2366,6 +2409,8 @@ class GroupCoordinator:
                 revoking_connectors=revoking.connectors, revoking_tasks=revoking.tasks,
                 instance_states=self._described_states(g, mid, cur.owned),
                 fencing_tokens=rec.item_tokens(_desc.ItemToken, cur.tokens),
+                last_heartbeat_ms_ago=(max(0, now_ms - last)
+                                       if last is not None and now_ms >= 0 else -1),
             ))
         # Holds: what fenced members (no longer members) still own until their stop budget ran
         # out (describe did not show who holds what, or until when).
@@ -2375,6 +2420,7 @@ class GroupCoordinator:
                        items=assignment(cur.owned))
             for mid, cur in g.current.items() if mid not in g.members and is_hold(cur)
         )
+        session_ms, interval_ms = self.config.for_group(g.configs)
         return _desc.DescribedGroup(
             error_code=code, error_message=message, group_id=group_id,
             group_state=g.state.value, group_epoch=g.epoch,
@@ -2391,7 +2437,25 @@ class GroupCoordinator:
             ),
             members=tuple(members),
             holds=holds,
+            heartbeat_interval_ms=interval_ms,
+            session_timeout_ms=session_ms,
+            kept_for=self._described_kept(g, assignment),
         )
+
+    @staticmethod
+    def _described_kept(g: Group, assignment: Callable[[frozenset[Item]], Any]) -> tuple[Any, ...]:
+        """What the last install left unassigned for departed members, as far as it still is:
+        configured and in nobody's target (a member that came back by id or instance id since
+        gets its work in the next computation)."""
+        out = []
+        for k in g.kept_for:
+            items = frozenset(i for i in k.items
+                              if i in g.configured and i not in g.target_owner)
+            if items:
+                out.append(_desc.KeptItems(member_id=k.member_id, instance_id=k.instance_id,
+                                           until_ms=g.scheduled_rebalance_at_ms,
+                                           items=assignment(items)))
+        return tuple(out)
 
 
 def _check_grant(cur: CurrentAssignment, item: Item, spec: ConnectorSpec, member_id: str) -> None:

@@ -166,6 +166,16 @@ class TargetMember:
 EMPTY_TARGET = TargetMember(EMPTY)
 
 
+
+@dataclass(frozen=True)
+class KeptFor:
+    """Items an install left unassigned for a departed member until the scheduled rebalance
+    (the assignor says so; the coordinator only shows it to operators)."""
+
+    member_id: str
+    instance_id: str | None
+    items: frozenset[Item]
+
 @dataclass
 class Computation:
     """The assignment computation in flight (soft state: restarted after a load)."""
@@ -304,6 +314,8 @@ class SoftState:
     dirty: set[str] = field(default_factory=set)  # members whose assignment has stale items
     empty_since_ms: int | None = None
     hold_deadline: dict[str, int] = field(default_factory=dict)  # fenced member -> release at
+    last_heartbeat: dict[str, int] = field(default_factory=dict)  # member -> wall-clock ms of
+    # its latest heartbeat (for describe; unknown after a load until it heartbeats again)
     hold_instance: dict[str, str | None] = field(default_factory=dict)  # fenced member -> its
     # instance id (for describe and the log; unknown after a load)
     instance_states: dict[str, dict[Item, tuple[str, str | None, str | None]]] = field(
@@ -330,6 +342,7 @@ class Group:
     assignment_error: int = 0
     assignor_state: bytes = b""
     scheduled_rebalance_at_ms: int = -1
+    kept_for: tuple[KeptFor, ...] = ()  # (TargetAssignmentMetadata's KeptFor)
     configs: dict[str, str | None] = field(default_factory=dict)
     has_metadata: bool = False  # a GroupMetadata record exists
     has_target_metadata: bool = False
@@ -371,6 +384,7 @@ class Group:
             "assignment_error": self.assignment_error,
             "assignor_state": self.assignor_state,
             "scheduled_rebalance_at_ms": self.scheduled_rebalance_at_ms,
+            "kept_for": self.kept_for,
             "configs": dict(self.configs),
             "has_metadata": self.has_metadata,
             "has_target_metadata": self.has_target_metadata,

@@ -37,12 +37,14 @@ from connect_wire.records import group_configuration_value_v0 as _gcfg
 from connect_wire.records import group_connectors_value_v0 as _gc
 from connect_wire.records import group_member_value_v0 as _gm
 from connect_wire.records import target_assignment_member_value_v0 as _tam
+from connect_wire.records import target_assignment_metadata_value_v0 as _tmeta
 
 from .model import (
     AssignorSpec,
     ConnectorSpec,
     CurrentAssignment,
     Item,
+    KeptFor,
     MemberMetadata,
     MemberState,
     TargetMember,
@@ -128,8 +130,15 @@ def target_member(group_id: str, member_id: str, t: TargetMember) -> Record:
 
 
 def target_metadata(
-    group_id: str, assignment_epoch: int, error: int, assignor_state: bytes, scheduled_at_ms: int
+    group_id: str, assignment_epoch: int, error: int, assignor_state: bytes, scheduled_at_ms: int,
+    kept_for: Iterable[KeptFor] = (),
 ) -> Record:
+    kept = []
+    for k in kept_for:
+        connectors, tasks = split_items(k.items)
+        kept.append(_tmeta.KeptItems(member_id=k.member_id, instance_id=k.instance_id,
+                                     connectors=tuple(connectors),
+                                     tasks=_tasks(_tmeta.TaskId, tasks)))
     return Record(
         TargetAssignmentMetadataKey(group_id=group_id),
         TargetAssignmentMetadataValue(
@@ -137,8 +146,15 @@ def target_metadata(
             error=error,
             assignor_state=assignor_state,
             scheduled_rebalance_at_ms=scheduled_at_ms,
+            kept_for=tuple(kept),
         ),
     )
+
+
+def kept_from(entries: Iterable[Any]) -> tuple[KeptFor, ...]:
+    """``KeptFor`` values of wire ``KeptItems`` entries (a record's or an install's)."""
+    return tuple(KeptFor(k.member_id, k.instance_id, items_from_wire(k.connectors, k.tasks))
+                 for k in entries)
 
 
 def item_tokens(cls: type, tokens: Any) -> tuple[Any, ...]:

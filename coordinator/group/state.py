@@ -39,6 +39,7 @@ from .model import (
     CurrentAssignment,
     Group,
     Item,
+    KeptFor,
     MemberMetadata,
     MemberState,
     TargetMember,
@@ -116,7 +117,8 @@ class CoordinatorState:
             self.apply_target_metadata(key.group_id, None)
         else:
             self.apply_target_metadata(key.group_id, (
-                value.assignment_epoch, value.error, value.assignor_state, value.scheduled_rebalance_at_ms))
+                value.assignment_epoch, value.error, value.assignor_state,
+                value.scheduled_rebalance_at_ms, rec.kept_from(value.kept_for)))
 
     def _replay_current(self, key: Any, value: Any) -> None:
         if value is None:
@@ -282,8 +284,11 @@ class CoordinatorState:
         for item in t.items:
             target_owner[item] = member_id
 
-    def apply_target_metadata(self, group_id: str, value: tuple[int, int, bytes, int] | None) -> None:
-        """``value``: (assignment epoch, error, assignor state, scheduled rebalance at ms)."""
+    def apply_target_metadata(
+        self, group_id: str, value: tuple[int, int, bytes, int, tuple[KeptFor, ...]] | None
+    ) -> None:
+        """``value``: (assignment epoch, error, assignor state, scheduled rebalance at ms, items
+        kept for departed members)."""
         g = self.groups.get(group_id) if value is None else self._group(group_id)
         if g is None:
             return
@@ -292,6 +297,7 @@ class CoordinatorState:
             g.assignment_error = 0
             g.assignor_state = b""
             g.scheduled_rebalance_at_ms = -1
+            g.kept_for = ()
             g.has_target_metadata = False
         else:
             if value[0] < 0 or value[3] < -1:
@@ -299,7 +305,7 @@ class CoordinatorState:
                         f"AssignmentEpoch {value[0]} must be >= 0 and ScheduledRebalanceAtMs "
                         f"{value[3]} >= -1.")
             (g.assignment_epoch, g.assignment_error, g.assignor_state,
-             g.scheduled_rebalance_at_ms) = value
+             g.scheduled_rebalance_at_ms, g.kept_for) = value
             g.has_target_metadata = True
         self._refresh_reconciled_all(g)
 
@@ -442,7 +448,7 @@ class CoordinatorState:
                 return rec.tombstone(key)
             return rec.target_metadata(
                 g.group_id, g.assignment_epoch, g.assignment_error, g.assignor_state,
-                g.scheduled_rebalance_at_ms,
+                g.scheduled_rebalance_at_ms, g.kept_for,
             )
         if t is CurrentMemberAssignmentKey:
             c = g.current.get(key.member_id)

@@ -385,6 +385,7 @@ _EXPECTED = {
         ("error", "int8", "int"),
         ("assignor_state", "bytes", "bytes"),
         ("scheduled_rebalance_at_ms", "int64", "int"),
+        ("tagged", "kept_for"),  # (decoded by the generic path when present)
     ),
     (6, 0): (
         True,
@@ -745,7 +746,7 @@ class _Loader:
         return _new_member(member_id, instance_id, worker_url, client_id, client_host, timeout, assignors)
 
     @staticmethod
-    def target_metadata(value: bytes) -> tuple[int, int, bytes, int]:
+    def target_metadata(value: bytes) -> tuple[int, int, bytes, int, tuple[Any, ...]]:
         try:
             version, epoch, error = _TARGET_META.unpack_from(value)
             if version != 0 or (5, 0) not in _FAST_VALUES:
@@ -759,10 +760,11 @@ class _Loader:
             if size == 0 or stop + 9 != len(value) or value[stop + 8]:
                 raise _Slow
             (scheduled,) = _I64.unpack_from(value, stop)
-            return epoch, error, value[pos:stop], scheduled
+            return epoch, error, value[pos:stop], scheduled, ()
         except Exception:
             v = decode_value(5, value)
-            return v.assignment_epoch, v.error, v.assignor_state, v.scheduled_rebalance_at_ms
+            return (v.assignment_epoch, v.error, v.assignor_state, v.scheduled_rebalance_at_ms,
+                    rec.kept_from(v.kept_for))
 
     # -- the loop ---------------------------------------------------------------------------------
     def consume(self) -> Generator[None, Sequence[tuple[bytes, bytes | None]], None]:

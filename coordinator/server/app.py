@@ -45,7 +45,14 @@ from coordinator.logs import LogLimiter
 from coordinator.metrics import Metrics
 from coordinator.runtime import datadir
 from coordinator.runtime.partitioner import partition_for
-from coordinator.runtime.shard import ACTIVE, FAILED, Shard, ShardUnavailable, UnownedShard
+from coordinator.runtime.shard import (
+    ACTIVE,
+    FAILED,
+    Shard,
+    ShardUnavailable,
+    UnownedShard,
+    now_ms,
+)
 from coordinator.security import ANONYMOUS, CLUSTER_NAME
 from coordinator.security.apis import error_response as security_error_response
 from coordinator.security.listeners import WILDCARDS, describe
@@ -430,7 +437,8 @@ class Router:
         shard = self.shard_of(group_id)
         try:
             response = await shard.read(
-                lambda core: core.describe(ConnectGroupDescribeRequest(group_ids=(group_id,))))
+                lambda core: core.describe(ConnectGroupDescribeRequest(group_ids=(group_id,)),
+                                           now_ms()))
         except ShardUnavailable as exc:
             return unavailable(exc.code, exc.message)
         described = response.groups[0]

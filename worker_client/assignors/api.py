@@ -77,6 +77,9 @@ class GroupAssignment:
     error: int = 0
     assignor_state: bytes = b""
     scheduled_rebalance_delay_ms: int = -1
+    kept_for: Mapping[str, tuple[str | None, frozenset[Item]]] = field(default_factory=dict)
+    """Departed member id -> (its instance id, the items left unassigned for it until the
+    scheduled rebalance): shown to operators (``groups describe``, ``connectors status``)."""
 
 
 @dataclass(frozen=True)
@@ -136,8 +139,15 @@ def install_request(
             tasks=tuple(_inst.TaskId(connector=t.connector, task=t.task) for t in tasks),
             metadata_version=target.metadata_version, metadata_bytes=target.metadata,
         ))
+    kept: list[Any] = []
+    for mid, (instance_id, items) in sorted(result.kept_for.items()):
+        connectors, tasks = split_items(items)
+        kept.append(_inst.KeptItems(
+            member_id=mid, instance_id=instance_id, connectors=tuple(connectors),
+            tasks=tuple(_inst.TaskId(connector=t.connector, task=t.task) for t in tasks)))
     return ConnectGroupInstallAssignmentRequest(
         group_id=group_id, member_id=member_id, member_epoch=member_epoch,
         group_epoch=group_epoch, error=result.error, assignor_state=result.assignor_state,
         scheduled_rebalance_delay_ms=result.scheduled_rebalance_delay_ms, members=tuple(members),
+        kept_for=tuple(kept),
     )

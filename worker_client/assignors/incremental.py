@@ -70,6 +70,15 @@ class HeldWork:
     items: set[Item] = field(default_factory=set)
 
 
+def _kept_for(pending: Iterable[HeldWork]) -> dict[str, tuple[str | None, frozenset[Item]]]:
+    """The result's ``kept_for``: the held work per departed member."""
+    out: dict[str, tuple[str | None, frozenset[Item]]] = {}
+    for h in pending:
+        instance_id, items = out.get(h.member_id, (h.instance_id, frozenset()))
+        out[h.member_id] = (instance_id, items | h.items)
+    return out
+
+
 @dataclass
 class AssignorState:
     """The decoded assignor state (``docs/assignors.md``, "State")."""
@@ -453,6 +462,7 @@ class IncrementalCooperativeAssignor:
         delay = min(self.max_delay_ms, max(0, min(h.deadline_ms for h in pending) - now)) if pending else -1
         return GroupAssignment(
             members=result, assignor_state=encode_state(new_state), scheduled_rebalance_delay_ms=delay,
+            kept_for=_kept_for(pending),
         )
 
     @staticmethod
