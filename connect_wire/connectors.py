@@ -50,6 +50,32 @@ def tokens(m: Any) -> dict[str, int]:
     return {item_name(t.connector, t.task): t.token for t in m.fencing_tokens}
 
 
+HEARTBEAT_MARGIN_MS = 1_000
+"""How late past its heartbeat interval a member's heartbeat may be before it counts as
+overdue: a round trip and a busy event loop on either side stay well below it."""
+
+
+def last_heartbeat_ms_ago(m: Any) -> int | None:
+    """How long before the describe the coordinator last heard from member ``m`` (None:
+    unknown, e.g. the coordinator loaded the group since and has not heard from it yet)."""
+    return m.last_heartbeat_ms_ago if m.last_heartbeat_ms_ago >= 0 else None
+
+
+def heartbeat_overdue(g: Any, m: Any) -> bool:
+    """Has member ``m`` of described group ``g`` missed its heartbeats: none for more than
+    the group's heartbeat interval plus :data:`HEARTBEAT_MARGIN_MS`? (It stays a member, its
+    work shown as running, until its session timeout ends.)"""
+    ago = last_heartbeat_ms_ago(m)
+    return ago is not None and g.heartbeat_interval_ms >= 0 and (
+        ago > g.heartbeat_interval_ms + HEARTBEAT_MARGIN_MS)
+
+
+def kept_for(g: Any) -> dict[str, Any]:
+    """Item -> its ``KeptFor`` entry: left unassigned for a departed member until the
+    scheduled rebalance."""
+    return {item: k for k in g.kept_for for item in items(k.items)}
+
+
 def find(g: Any, name: str) -> Any:
     """Connector ``name`` of described group ``g`` (UnknownConnector if it has none)."""
     spec = next((c for c in g.connectors if c.name == name), None)
@@ -86,7 +112,11 @@ def group_dict(g: Any) -> dict[str, Any]:
                         "task_configs": None if c.task_configs is None else [
                             {e.name: e.value for e in t.config} for t in c.task_configs]}
                        for c in g.connectors],
+        "heartbeat_interval_ms": g.heartbeat_interval_ms if g.heartbeat_interval_ms >= 0 else None,
+        "session_timeout_ms": g.session_timeout_ms if g.session_timeout_ms >= 0 else None,
         "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
+                     "last_heartbeat_ms_ago": last_heartbeat_ms_ago(m),
+                     "heartbeat_overdue": heartbeat_overdue(g, m),
                      "worker_url": m.worker_url, "client_id": m.client_id,
                      "client_host": m.client_host, "epoch": m.member_epoch, "state": m.member_state,
                      "assignment": items(m.assignment), "revoking": [*m.revoking_connectors,
@@ -104,6 +134,12 @@ def group_dict(g: Any) -> dict[str, Any]:
                    "until_ms": h.held_until_ms if h.held_until_ms >= 0 else None,
                    "until": utc(h.held_until_ms), "items": items(h.items)}
                   for h in g.holds],
+        # Items the assignor leaves unassigned for departed members until the scheduled
+        # rebalance (after a fenced member's hold, or a member that left).
+        "kept_for": [{"member_id": k.member_id, "instance_id": k.instance_id,
+                      "until_ms": k.until_ms if k.until_ms >= 0 else None,
+                      "until": utc(k.until_ms), "items": items(k.items)}
+                     for k in g.kept_for],
     }
 
 
@@ -114,7 +150,13 @@ def status(g: Any, name: str) -> dict[str, Any]:
     RUNNING, FAILED or RESTARTING (with the last error and its trace); PAUSED or STOPPED when
     owned and the connector's target state is that (nothing runs); ASSIGNED when owned with no
     state reported yet (starting, or the coordinator restarted and the worker has not reported
-    again); HELD while held for a fenced member; UNASSIGNED when nobody owns it."""
+    again); HELD while held for a fenced member; UNASSIGNED when nobody owns it.
+
+    ``worker_heartbeat_overdue``: the owner missed its heartbeats (a dead worker's instances
+    still show its last report until its session ends), ``worker_last_heartbeat_ms_ago`` how
+    long ago the coordinator heard from it. ``kept_for``: ``{member_id, instance_id,
+    until_ms}`` of the departed member the assignor keeps the item for until the scheduled
+    rebalance (coordinator wall-clock ms), else None."""
     spec = find(g, name)
     target = verbs.target_state(config_of(spec))
     # A PAUSED or STOPPED connector's items stay owned with no instance running (nothing is
@@ -131,23 +173,31 @@ def status(g: Any, name: str) -> dict[str, Any]:
         for s in m.instance_states:
             states[item_name(s.connector, s.task)] = s
     held = {item: h for h in g.holds for item in items(h.items)}
+    kept = kept_for(g)
 
     def one(item: str) -> dict[str, Any]:
         m = owners.get(item)
         s = states.get(item) if m is not None else None
+        k = kept.get(item) if m is None else None
+        seen = {"worker_heartbeat_overdue": m is not None and heartbeat_overdue(g, m),
+                "worker_last_heartbeat_ms_ago": None if m is None else last_heartbeat_ms_ago(m),
+                "kept_for": None if k is None else {
+                    "member_id": k.member_id, "instance_id": k.instance_id,
+                    "until_ms": k.until_ms if k.until_ms >= 0 else None}}
         if m is None:
             h = held.get(item)
             return {"state": "HELD" if h is not None else "UNASSIGNED",
                     "member_id": h.member_id if h is not None else None,
                     "instance_id": h.instance_id if h is not None else None,
-                    "worker_url": None, "fencing_token": None, "error": None, "trace": None}
+                    "worker_url": None, "fencing_token": None, "error": None, "trace": None,
+                    **seen}
         if target != verbs.RUNNING:
             s = None  # paused or stopped: nothing runs, whatever was reported before
         return {"state": s.state if s is not None else idle, "member_id": m.member_id,
                 "instance_id": m.instance_id, "worker_url": m.worker_url,
                 "fencing_token": fencing.get(item),
                 "error": s.error_message if s is not None else None,
-                "trace": s.trace if s is not None else None}
+                "trace": s.trace if s is not None else None, **seen}
 
     running = running_tasks(spec)
     return {"group": g.group_id, "connector": name, "target_state": target,

@@ -319,11 +319,33 @@ def _running_count(g: Any, name: str) -> dict[str, int]:
     return {"running_instances": states.count("RUNNING"), "instances": len(states)}
 
 
+def _heartbeat_text(ago_ms: int | None, overdue: bool) -> str:
+    """A member's last heartbeat, for a human: ``0.4 s ago``, ``5.2 s ago (overdue)``, ``-``."""
+    if ago_ms is None:
+        return "-"
+    return f"{ago_ms / 1000:.1f} s ago{' (overdue)' if overdue else ''}"
+
+
+def _state_text(x: dict[str, Any], now_ms: int) -> str:
+    """An instance's state in ``connectors status``, marked when its worker missed its
+    heartbeats or when it is kept for a departed member until the scheduled rebalance."""
+    state = x["state"]
+    ago = x["worker_last_heartbeat_ms_ago"]
+    if x["worker_heartbeat_overdue"] and ago is not None:
+        state += f" (worker missed heartbeats {ago / 1000:.1f} s)"
+    k = x["kept_for"]
+    if k is not None:
+        state += (f" (kept for {k['instance_id'] or k['member_id']} until "
+                  f"{_until(k['until_ms'] if k['until_ms'] is not None else -1, now_ms)})")
+    return state
+
+
 def _status_text(st: dict[str, Any]) -> str:
     def text(value: Any) -> str:
         return "-" if value is None or value == "" else str(value)
 
-    rows = [[x["item"], x["state"], text(x["instance_id"]), text(x["member_id"]),
+    now_ms = time.time_ns() // 1_000_000
+    rows = [[x["item"], _state_text(x, now_ms), text(x["instance_id"]), text(x["member_id"]),
              text(x["worker_url"]), text(x["fencing_token"]), text(x["error"])]
             for x in [{"item": st["connector"], **st}, *({"item": f"{st['connector']}/{t['task']}", **t}
                                                         for t in st["tasks"])]]
@@ -626,9 +648,11 @@ def _group_configs(client: AdminSession, args: argparse.Namespace, out: Any) -> 
 def _write_group(out: Any, g: dict[str, Any]) -> None:
     """``groups describe``'s human form. ASSIGNED is what the coordinator gave the member and it
     still owns (not whether its plugin runs: a worker restarts a failing instance and keeps it),
-    REVOKING what it must give up and has not reported stopped yet. Items held for fenced
-    members follow, with the member and when the hold ends. No value prints as Python's
-    None: absent is ``-``."""
+    REVOKING what it must give up and has not reported stopped yet, LAST HEARTBEAT how long
+    ago the coordinator heard from it (``(overdue)`` once it missed its heartbeats). Items held
+    for fenced members follow, with the member and when the hold ends, then items kept for
+    departed members until the scheduled rebalance. No value prints as Python's None: absent
+    is ``-``."""
     def text(value: Any) -> str:
         return "-" if value is None or value == "" else str(value)
 
@@ -646,10 +670,11 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
                           for c in g["connectors"]], ["CONNECTOR", "TASKS"]) + "\n")
     if g["members"]:
         out.write(_table([[m["member_id"], text(m["instance_id"]), m["epoch"], m["state"],
+                           _heartbeat_text(m["last_heartbeat_ms_ago"], m["heartbeat_overdue"]),
                            " ".join(m["assignment"]) or "-", " ".join(m["revoking"]) or "-",
                            " ".join(m["target"]) or "-"] for m in g["members"]],
-                         ["MEMBER", "INSTANCE", "EPOCH", "STATE", "ASSIGNED", "REVOKING",
-                          "TARGET"]) + "\n")
+                         ["MEMBER", "INSTANCE", "EPOCH", "STATE", "LAST HEARTBEAT", "ASSIGNED",
+                          "REVOKING", "TARGET"]) + "\n")
     else:
         out.write("  no members\n")
     tokens = [[m["member_id"], item, token] for m in g["members"]
@@ -669,6 +694,13 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
                            _until(h["until_ms"] if h["until_ms"] is not None else -1, now_ms),
                            " ".join(h["items"]) or "-"] for h in g["holds"]],
                          ["FENCED MEMBER", "INSTANCE", "HELD UNTIL", "ITEMS"]) + "\n")
+    if g["kept_for"]:
+        now_ms = time.time_ns() // 1_000_000
+        out.write("KEPT FOR DEPARTED MEMBERS (unassigned until the scheduled rebalance):\n")
+        out.write(_table([[k["member_id"], text(k["instance_id"]),
+                           _until(k["until_ms"] if k["until_ms"] is not None else -1, now_ms),
+                           " ".join(k["items"]) or "-"] for k in g["kept_for"]],
+                         ["DEPARTED MEMBER", "INSTANCE", "KEPT UNTIL", "ITEMS"]) + "\n")
     out.write("\n")
 
 

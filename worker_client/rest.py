@@ -450,6 +450,12 @@ class RestApi:
             trace = x["trace"] or x["error"]
             if trace and not restart:
                 out["trace"] = trace
+            # What Kafka Connect does not say (absent otherwise): the worker missed its
+            # heartbeats; the item is kept for a departed worker until the scheduled rebalance.
+            if x["worker_heartbeat_overdue"]:
+                out["worker_heartbeat_overdue"] = True
+            if x["kept_for"] is not None:
+                out["kept_for"] = x["kept_for"]
             return out
 
         spec = shared.find(g, name)
