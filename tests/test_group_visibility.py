@@ -184,3 +184,39 @@ def test_kept_for_must_name_unassigned_known_items_with_a_scheduled_rebalance() 
         r = h.install("W1", assignment, prepared.group_epoch, delay_ms=delay, kept_for=kept)
         assert r.error_code == code and message in r.error_message, (kept, r)
         assert len(h.log) == before
+
+
+def test_the_cli_renders_them() -> None:
+    """``groups describe`` and ``connectors status``, text and JSON, from a describe answer."""
+    import io
+
+    from coordinator import cli
+
+    h = Harness()
+    _static_setup(h)
+    keep_alive(h, 5_000, alive=("W1",))  # S silent: overdue
+    (g,) = h.describe().groups
+    d = cli._group_dict(g)
+    by_id = {m["member_id"]: m for m in d["members"]}
+    assert (by_id["S"]["last_heartbeat_ms_ago"], by_id["S"]["heartbeat_overdue"]) == (5_000, True)
+    assert by_id["W1"]["heartbeat_overdue"] is False
+    out = io.StringIO()
+    cli._write_group(out, d)
+    assert "LAST HEARTBEAT" in out.getvalue() and "5.0 s ago (overdue)" in out.getvalue()
+    # (ASSIGNED: the harness's S reported no instance state; a real worker's say RUNNING)
+    assert "ASSIGNED (worker missed heartbeats 5.0 s)" in cli._status_text(shared.status(g, "B"))
+    assert "A  " in cli._status_text(shared.status(g, "A"))
+    assert "missed" not in cli._status_text(shared.status(g, "A"))
+
+    h = Harness()
+    until = _fenced_static_member_kept(h, delay_ms=60_000)
+    keep_alive(h, h.group().soft.hold_deadline["S"] - h.now + 1_000, alive=("W1",))
+    (g,) = h.describe().groups
+    d = cli._group_dict(g)
+    assert d["kept_for"] == [{"member_id": "S", "instance_id": "i-1", "until_ms": until,
+                              "until": cli._utc(until), "items": ["B", "B/0"]}]
+    out = io.StringIO()
+    cli._write_group(out, d)
+    text = out.getvalue()
+    assert "KEPT FOR DEPARTED MEMBERS" in text and "i-1" in text
+    assert "UNASSIGNED (kept for i-1 until" in cli._status_text(shared.status(g, "B"))
