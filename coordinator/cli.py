@@ -288,13 +288,15 @@ def _describe(session: AdminSession, group_ids: list[str]) -> Any:
         group_id, ConnectGroupDescribeRequest(group_ids=(group_id,))).groups]
 
 
-def _until(ms: int, now_ms: int) -> str:
-    """When a hold ends, for a human: the UTC time and how far away (by this machine's clock)."""
+def _until(ms: int, now_ms: int, brackets: bool = True) -> str:
+    """When a hold ends, for a human: the UTC time and how far away (by this machine's clock),
+    that in brackets or after a comma."""
     at = _utc(ms)
     if at is None:
         return "unknown"
     left = (ms - now_ms) / 1000
-    return f"{at[:19]}Z ({f'in {left:.1f} s' if left > 0 else 'ending now'})"
+    away = f"in {left:.1f} s" if left > 0 else "ending now"
+    return f"{at[:19]}Z ({away})" if brackets else f"{at[:19]}Z, {away}"
 
 
 def _connector_dict(c: Any) -> dict[str, Any]:
@@ -335,8 +337,9 @@ def _state_text(x: dict[str, Any], now_ms: int) -> str:
         state += f" (worker missed heartbeats {ago / 1000:.1f} s)"
     k = x["kept_for"]
     if k is not None:
+        until = k["until_ms"] if k["until_ms"] is not None else -1
         state += (f" (kept for {k['instance_id'] or k['member_id']} until "
-                  f"{_until(k['until_ms'] if k['until_ms'] is not None else -1, now_ms)})")
+                  f"{_until(until, now_ms, brackets=False)})")
     return state
 
 

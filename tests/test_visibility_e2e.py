@@ -146,6 +146,7 @@ def test_a_killed_workers_instances_are_marked_then_kept_for_it(workers: Workers
         return st if ok else None
     st = until(w2_marked, "w2's instances still RUNNING and marked overdue", w,
                timeout_s=SESSION_MS / 1000)
+    marked_ms = time.time_ns() // 1_000_000
     for x in instances(st):
         if x["instance_id"] == "w2":
             assert x["worker_last_heartbeat_ms_ago"] > INTERVAL_MS
@@ -171,6 +172,8 @@ def test_a_killed_workers_instances_are_marked_then_kept_for_it(workers: Workers
         return st if ok else None
     st = until(kept, "w2's items UNASSIGNED, kept for it", w)
     seen_ms = time.time_ns() // 1_000_000
+    print(f"\nkill -9 w2: marked overdue in status --json after {marked_ms - killed_ms} ms, "
+          f"shown kept for it after {seen_ms - killed_ms} ms (session {SESSION_MS} ms)")
     for x in instances(st):
         if x.get("task", -1) in on_w2:
             k = x["kept_for"]
