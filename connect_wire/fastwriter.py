@@ -119,12 +119,21 @@ def compile_writer(cls: type) -> Callable[[Any, Any], None] | None:
             tag = int(f.metadata["tag"])
             if f.default is MISSING:  # (kio compares with an implicit default: leave it to kio)
                 return None
+            namespace[f"_d{tag}"] = f.default
+            fixed = FIXED.get(f.metadata.get("kafka_type", ""))
+            if fixed is not None and get_origin(_optional(f.type)[0]) is not tuple:
+                # A fixed-width number: its tag, size and bytes in one go (no buffer of its own).
+                pack = struct.Struct(">" + fixed)
+                namespace[f"_p{tag}"] = pack.pack
+                namespace[f"_h{tag}"] = uvarint_bytes(tag) + uvarint_bytes(pack.size)
+                lines += [f"    if v.{f.name} != _d{tag}:",
+                          f"        t.append(_h{tag} + _p{tag}(v.{f.name}))"]
+                continue
             sub = [f"def write_tag_{tag}(buffer, v):", "    w = buffer.write"]
             if not _emit_fields([f], flexible, namespace, sub, f"tag{tag}"):
                 return None
             exec(compile("\n".join(sub) + "\n", f"<fastwriter {cls.__qualname__} tag {tag}>",
                          "exec"), namespace)
-            namespace[f"_d{tag}"] = f.default
             namespace[f"_t{tag}"] = uvarint_bytes(tag)
             lines += [
                 f"    if v.{f.name} != _d{tag}:",
