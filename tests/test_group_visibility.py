@@ -10,7 +10,7 @@ from typing import Any
 from connect_wire import connectors as shared
 from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import ConnectGroupDescribeRequest, ConnectGroupHeartbeatRequest
-from coordinator.group.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT
+from coordinator.group.config import GROUP_HEARTBEAT_INTERVAL, GROUP_SESSION_TIMEOUT
 from coordinator.group.coordinator import GroupCoordinator, RequestContext, Result
 from coordinator.group.model import KeptFor
 from coordinator.group.state import CoordinatorState
@@ -57,7 +57,7 @@ def test_a_group_configured_interval_is_what_describe_gives() -> None:
     h = Harness()
     one_worker(h)
     g = h.group()
-    g.configs = {HEARTBEAT_INTERVAL: "500", SESSION_TIMEOUT: "6000"}
+    g.configs = {GROUP_HEARTBEAT_INTERVAL: "500", GROUP_SESSION_TIMEOUT: "6000"}
     (d,) = h.describe().groups
     assert (d.heartbeat_interval_ms, d.session_timeout_ms) == (500, 6_000)
 
