@@ -13,8 +13,8 @@ The output is byte-identical to kio's writer; the tests check that for every mes
 ``python -m bench codec`` measures both side by side. Tagged fields (KIP-482) are written as
 kio writes them: after the other fields, the count of those whose value is not their default,
 then each one's tag, size and bytes in tag order (each one's bytes by a compiled writer of its
-own, through a temporary buffer; a fixed-width number's packed at once). Anything else it does not know makes ``compile_writer``
-return None, and kio's writer is used.
+own, through a temporary buffer; a fixed-width number's packed at once). Anything else it does
+not know makes ``compile_writer`` return None, and kio's writer is used.
 """
 
 from __future__ import annotations
