@@ -86,7 +86,9 @@ def test_a_killed_worker_as_the_operator_sees_it(cluster: Cluster) -> None:
     c = cluster
     d = c.daemon
     c.spawn("w1", metrics=True)
-    c.spawn("w2")
+    # w2's hold (half its rebalance timeout past its session) lasts 6 s: long enough for the
+    # CLI calls below to see it on a loaded machine, where each takes about a second.
+    c.spawn("w2", rebalance_ms=12_000)
     c.wait_converged({"w1", "w2"}, "converged")
     before = _describe(c)
     members = {m["instance_id"]: m for m in before["members"]}

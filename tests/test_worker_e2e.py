@@ -243,11 +243,12 @@ class Cluster:
             assert r.returncode == 0, r.stderr
             assert r.stdout.startswith("ok: group"), r.stdout
 
-    def spawn(self, name: str, metrics: bool = False) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, metrics: bool = False,
+              rebalance_ms: int = REBALANCE_MS) -> subprocess.Popen[bytes]:
         assert name not in self.procs or self.procs[name].poll() is not None, f"{name} runs already"
         cmd = [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", self.daemon.bootstrap,
                "--group", GROUP, "--instance-id", name, "--session-timeout-ms", str(SESSION_MS),
-               "--max-delay-ms", str(MAX_DELAY_MS), "--rebalance-timeout-ms", str(REBALANCE_MS)]
+               "--max-delay-ms", str(MAX_DELAY_MS), "--rebalance-timeout-ms", str(rebalance_ms)]
         if metrics:
             self.metrics_port[name] = _free_port()
             cmd += ["--metrics-listen", f"127.0.0.1:{self.metrics_port[name]}"]
