@@ -226,6 +226,11 @@ class Metrics:
             f"{NS}_partition_moves",
             "Partitions this node acquired (loaded), released (graceful handover) or lost "
             "(deposed, lease lost)", ["kind"], registry=r)
+        self.group_config_forwards = Counter(
+            f"{NS}_group_config_forwards",
+            "Group config resources (DescribeConfigs, IncrementalAlterConfigs) this node "
+            "forwarded to the node owning the group: answered by it (ok) or not (failed)",
+            ["outcome"], registry=r)
         self.etcd_lease_remaining = Gauge(
             f"{NS}_etcd_lease_remaining_seconds",
             "How long this node's etcd lease is certainly still valid (store=etcd; 0 without "

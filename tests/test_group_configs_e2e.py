@@ -27,6 +27,8 @@ import pytest
 
 from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import ConnectGroupHeartbeatRequest
+from coordinator.admin import AdminClient
+from coordinator.server.group_configs import FORWARD_CLIENT_ID
 from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli
 from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
 from tests.secure_server import Raw
@@ -418,7 +420,7 @@ def test_every_version_and_each_bad_resource_on_the_wire(pool: DaemonPool) -> No
             SESSION: ("3001", 8), INTERVAL: ("200", 5)}
 
 
-def test_on_several_nodes_the_owner_answers_and_a_failover_keeps_the_overrides(
+def test_on_several_nodes_any_node_answers_and_a_failover_keeps_the_overrides(
         tmp_path: Path, etcd_endpoint: str) -> None:  # noqa: F811
     from tests.test_cluster_e2e import Cluster
     with DaemonPool(tmp_path) as pool:
@@ -433,13 +435,24 @@ def test_on_several_nodes_the_owner_answers_and_a_failover_keeps_the_overrides(
             r = c.cli("groups", "configs", "--group", group, "--set", f"{SESSION}=20000",
                       "--json", "--timeout", "30")
             assert r.returncode == 0, r.stderr
-            # The other node answers NOT_COORDINATOR for that resource, the owner the override.
+            # Both nodes answer the override: node 1 forwards the resource to the owner.
             request = _describe_request(4, [{"resource_type": 32, "resource_name": group,
                                              "configuration_keys": [SESSION]}])
             (other,) = c.call(1, request).results
-            assert other.error_code == E.NOT_COORDINATOR, other
             (owner,) = c.call(2, request).results
-            assert (owner.error_code, owner.configs[0].value) == (0, "20000")
+            assert other == owner and (owner.error_code, owner.configs[0].value) == (0, "20000")
+            # A forwarded request is never forwarded again (its client id says what it is).
+            with AdminClient("127.0.0.1", c.ports[1], timeout_s=3,
+                             client_id=FORWARD_CLIENT_ID) as raw:
+                (again,) = raw.call(request).results
+            assert again.error_code == E.NOT_COORDINATOR, again
+            # The owner stops answering (SIGSTOP): node 1's forward gives up after its timeout,
+            # and that resource is COORDINATOR_NOT_AVAILABLE (retriable), saying why.
+            c.nodes[2].proc.send_signal(signal.SIGSTOP)
+            with AdminClient("127.0.0.1", c.ports[1], timeout_s=30) as raw:
+                (stalled,) = raw.call(request).results
+            assert stalled.error_code == E.COORDINATOR_NOT_AVAILABLE, stalled
+            assert "forwarding this request to it failed" in stalled.error_message, stalled
             # kill -9 of the owner: node 1 takes the partition over, with the override.
             c.nodes[2].kill()
             c.wait(lambda: c.coordinator_of(group) == 1, "node 1 to take the group")
@@ -448,5 +461,151 @@ def test_on_several_nodes_the_owner_answers_and_a_failover_keeps_the_overrides(
                 (x,) = c.call(1, request).results
                 return x.error_code == 0 and x.configs[0].value == "20000"
             c.wait(moved, "the override on node 1")
+        finally:
+            c.close()
+
+
+def _forwards(d: Daemon) -> dict[str, float]:
+    assert d.metrics_url is not None
+    text = urllib.request.urlopen(f"{d.metrics_url}/metrics", timeout=10).read().decode()
+    return {m[1]: float(m[2]) for m in re.finditer(
+        r'^connect_coordinator_group_config_forwards_total\{outcome="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def test_kafka_clients_bootstrapped_to_a_node_that_does_not_own_the_group(
+        tmp_path: Path, etcd_endpoint: str) -> None:  # noqa: F811
+    """Kafka's admin clients send GROUP config requests to any broker (the least loaded one)
+    and do not retry NOT_COORDINATOR for them: every node must answer."""
+    from confluent_kafka.admin import AdminClient as CkAdmin
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+    from kafka import KafkaAdminClient
+
+    from tests.test_cluster_e2e import Cluster
+    with DaemonPool(tmp_path) as pool:
+        c = Cluster(tmp_path, pool, etcd_endpoint, f"/groupcfg-forward-{time.time_ns()}",
+                    nodes=2, partitions=4)
+        try:
+            c.start(1)
+            c.start(2)
+            c.wait(lambda: c.owned_everywhere(), "every partition owned by a live node")
+            group = c.group_owned_by(2)
+            # Node 1 only: whatever node the client picks, it is node 1 (until it reads
+            # Metadata, which lists both: then either).
+            for k, bootstrap in enumerate([f"127.0.0.1:{c.ports[1]}", c.bootstrap]):
+                admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+                for n in range(4):
+                    value = str(300 + 10 * n + 100 * k)
+                    assert kp_alter(admin, group, {INTERVAL: value}) == "OK"
+                    got = kp_configs(admin, group)
+                    assert (got[INTERVAL]["value"], got[INTERVAL]["config_source"]) == (
+                        value, "DYNAMIC_GROUP_CONFIG")
+                admin.close()
+            for k, bootstrap in enumerate([f"127.0.0.1:{c.ports[1]}", c.bootstrap]):
+                ck = CkAdmin({"bootstrap.servers": bootstrap})
+                for n in range(4):
+                    value = str(2500 + 100 * n + 1000 * k)
+                    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+                        ConfigEntry(SESSION, value, incremental_operation=AlterConfigOpType.SET)])
+                    (done,) = ck.incremental_alter_configs([resource]).values()
+                    assert done.result(timeout=20) is None
+                    (described,) = ck.describe_configs(
+                        [ConfigResource(ResourceType.GROUP, group)]).values()
+                    got = described.result(timeout=20)
+                    assert (got[SESSION].value, got[SESSION].source) == (value, 8)
+            # Node 1 forwarded (at least the requests of the clients bootstrapped to it alone);
+            # the owner had nothing to forward.
+            assert _forwards(c.nodes[1]).get("ok", 0) >= 8, _forwards(c.nodes[1])
+            assert _forwards(c.nodes[1]).get("failed", 0) == 0
+            assert _forwards(c.nodes[2]).get("ok", 0) == 0
+            # Errors found by the owner come back as they are (INVALID_CONFIG, its message).
+            bad = _alter_request(1, [{"resource_type": 32, "resource_name": group, "configs": [
+                {"name": INTERVAL, "config_operation": 0, "value": "9000"}]}])
+            (r,) = c.call(1, bad).responses
+            assert (r.error_code, "must be greater than" in (r.error_message or "")) == (
+                E.INVALID_CONFIG, True), r
+        finally:
+            c.close()
+
+
+def test_a_forward_is_authorized_on_both_nodes(tmp_path: Path, etcd_endpoint: str) -> None:  # noqa: F811
+    """The node a client asks checks the client's principal; the owner checks the forwarding
+    connection's (User:ANONYMOUS on the PLAINTEXT listener): a forward allows no more than both."""
+    from connect_wire.client_security import ClientSecurity
+    from tests.test_cluster_e2e import Cluster
+
+    prefix = f"/groupcfg-forward-acl-{time.time_ns()}"
+    for user in ("admin", "ops"):
+        (tmp_path / f"{user}.pw").write_text(f"{user}-secret\n")
+        r = run_cli("users", "add", "--etcd-endpoints", etcd_endpoint, "--etcd-prefix", prefix,
+                    user, "--mechanism", "SCRAM-SHA-256", "--password-file",
+                    str(tmp_path / f"{user}.pw"))
+        assert r.returncode == 0, r.stderr
+    conf = tmp_path / "coordinator.toml"
+    conf.write_text('authorizer = "acl"\nsuper.users = "User:admin"\n'
+                    'sasl.enabled.mechanisms = "SCRAM-SHA-256"\n')
+
+    class SaslCluster(Cluster):
+        def start(self, i: int) -> Daemon:
+            d = self.pool.start(self.base / f"node{i}", extra_env=self.env, extra_args=[
+                "--config", str(conf), "--listen",
+                f"PLAINTEXT://127.0.0.1:{self.ports[i]},SASL_PLAINTEXT://127.0.0.1:0",
+                "--store", "etcd", "--etcd-endpoints", self.endpoint, "--etcd-prefix",
+                self.prefix, "--node-id", str(i), "--partitions", str(self.partitions)])
+            self.nodes[i] = d
+            return d
+
+        def call(self, i: int, request: Any) -> Any:  # (FindCoordinator: as the admin)
+            return call(i, "admin", request)
+
+    def sasl(user: str) -> ClientSecurity:
+        return ClientSecurity("SASL_PLAINTEXT", "SCRAM-SHA-256", user, f"{user}-secret")
+
+    def call(i: int, user: str, request: Any) -> Any:
+        host, port = c.nodes[i].listeners["SASL_PLAINTEXT"]
+        with AdminClient(host, port, timeout_s=10, security=sasl(user)) as client:
+            return client.call(request)
+
+    def allow(principal: str, operation: str) -> None:
+        r = run_cli("acls", "add", "--bootstrap", c.nodes[1].address("SASL_PLAINTEXT"),
+                    "--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism",
+                    "SCRAM-SHA-256", "--sasl-username", "admin", "--sasl-password-file",
+                    str(tmp_path / "admin.pw"), "--allow-principal", principal,
+                    "--operation", operation, "--group", group)
+        assert r.returncode == 0, r.stderr
+
+    with DaemonPool(tmp_path) as pool:
+        c = SaslCluster(tmp_path, pool, etcd_endpoint, prefix, nodes=2, partitions=4)
+        try:
+            c.start(1)
+            c.start(2)
+            c.wait(lambda: c.owned_everywhere(), "every partition owned by a live node")
+            group = c.group_owned_by(2)
+            describe = _describe_request(4, [{"resource_type": 32, "resource_name": group,
+                                              "configuration_keys": None}])
+            alter = _alter_request(1, [{"resource_type": 32, "resource_name": group, "configs": [
+                {"name": SESSION, "config_operation": 0, "value": "7000"}]}])
+            # ops may not describe: refused by node 1 itself, nothing forwarded.
+            (r,) = call(1, "ops", describe).results
+            assert r.error_code == E.GROUP_AUTHORIZATION_FAILED and "User:ops" in r.error_message
+            assert _forwards(c.nodes[1]) == {}
+            # ops may; the forwarding connection (ANONYMOUS) may not: the owner refuses it.
+            allow("User:ops", "DescribeConfigs")
+            (r,) = call(1, "ops", describe).results
+            assert r.error_code == E.GROUP_AUTHORIZATION_FAILED, r
+            assert "node 2, which refused this node's forwarding connection (listener " \
+                   "PLAINTEXT)" in r.error_message and "User:ANONYMOUS" in r.error_message, r
+            # Both may describe; only the forwarding connection may alter: ops may not.
+            allow("User:ANONYMOUS", "AlterConfigs")
+            (r,) = call(1, "ops", describe).results
+            assert (r.error_code, {x.name: x.value for x in r.configs}[SESSION]) == (0, "10000")
+            (r,) = call(1, "ops", alter).responses
+            assert r.error_code == E.GROUP_AUTHORIZATION_FAILED and "User:ops" in r.error_message
+            assert "ALTER_CONFIGS" in r.error_message
+            # An admin's alter through node 1: forwarded and applied.
+            (r,) = call(1, "admin", alter).responses
+            assert r.error_code == 0, r
+            (r,) = call(2, "ops", describe).results
+            assert {x.name: x.value for x in r.configs}[SESSION] == "7000"
+            assert _forwards(c.nodes[1]) == {"ok": 3.0}  # (not the alter refused by node 1)
         finally:
             c.close()

@@ -2,10 +2,21 @@
 GROUP (32): a group's dynamic configs, as Kafka 4 serves its consumer groups' (KIP-848).
 
 The configs are ``connect.session.timeout.ms`` and ``connect.heartbeat.interval.ms``
-(coordinator.group.config): each resource goes to its group's partition (the shard; a node that
-does not own it answers NOT_COORDINATOR for that resource), which validates the change and
-stores it as a GroupConfiguration record of the group. A group that does not exist describes the
-defaults; a SET on it creates it.
+(coordinator.group.config): each resource goes to its group's partition (the shard), which
+validates the change and stores it as a GroupConfiguration record of the group. A group that does
+not exist describes the defaults; a SET on it creates it.
+
+Any node answers, as any Kafka broker does (Kafka's admin clients send these requests to any
+broker and do not retry NOT_COORDINATOR for them). With several nodes (``store = "etcd"``) a
+resource whose partition another node owns is checked here first (ACL on the client's principal,
+the request's own errors) and then forwarded, alone, to the owner over a PLAINTEXT listener (the
+one the request came in on, else the first PLAINTEXT listener): the owner's answer for that
+resource is the answer. The owner authorizes the forwarded request again, as the forwarding
+connection's principal (``User:ANONYMOUS``), so a forward never allows more than a direct
+request would. A forward is never forwarded again (its client id says it is one), is bounded by
+:data:`FORWARD_TIMEOUT_S`, and when it cannot be made (no owner now, no PLAINTEXT listener, the
+owner unreachable) that resource is NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE with a message
+saying why.
 
 Every resource is answered on its own, never the whole request failed:
 
@@ -27,14 +38,18 @@ Every resource is answered on its own, never the whole request failed:
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections import Counter
 from typing import Any
 
 from connect_wire.apis import APIS, ApiKey
 from connect_wire.errors import ErrorCode
 from coordinator.group.config import GROUP_CONFIG_DEFAULTS, GROUP_CONFIG_DOCS, GROUP_OVERRIDES
+from coordinator.runtime.partitioner import partition_for
 from coordinator.runtime.shard import ShardUnavailable
 from coordinator.server import kafka_apis
+from worker_client.client import KrpcConnection
 
 API_KEYS = frozenset({ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS})
 
@@ -44,6 +59,12 @@ TYPE_NAMES = {0: "UNKNOWN", 2: "TOPIC", 4: "BROKER", 8: "BROKER_LOGGER", 16: "CL
 DEFAULT_CONFIG, GROUP_CONFIG = 5, 8  # DescribeConfigsResponse.ConfigSource
 INT = 3  # DescribeConfigsResponse.ConfigType
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # AlterConfigOp.OpType
+
+FORWARD_CLIENT_ID = "connect-coordinator-forward"
+"""The client id of a request one node forwards to the owner of a group (never forwarded again)."""
+FORWARD_TIMEOUT_S = 5.0
+"""The most a forward may take, connecting included (the owner then answers from memory or after
+one etcd commit: milliseconds)."""
 
 
 def _not_served(resource_type: int, name: str) -> tuple[int, str]:
@@ -64,17 +85,20 @@ async def handle(router: Any, api_key: int, version: int, req: Any, ctx: Any) ->
                    f"request.max.items={limit}")
         return await _refused(cls, req.resources, message)
     if api_key == ApiKey.DESCRIBE_CONFIGS:
-        results = [await _describe(router, r, req, ctx) for r in req.resources]
+        results = await asyncio.gather(*(_describe(router, r, req, ctx) for r in req.resources))
         return kafka_apis.build(cls, {"throttle_time": 0, "results": results})
     named = Counter((r.resource_type, r.resource_name) for r in req.resources)
-    responses = []
-    for r in req.resources:
+
+    async def answer(r: Any) -> dict[str, Any]:
+        code: int
+        message: str | None
         if named[(r.resource_type, r.resource_name)] > 1:
             code, message = ErrorCode.INVALID_REQUEST, "Each resource must appear at most once."
         else:
-            code, message = await _alter(router, r, req.validate_only, ctx)
-        responses.append({"error_code": code, "error_message": message,
-                          "resource_type": r.resource_type, "resource_name": r.resource_name})
+            code, message = await _alter(router, r, req, ctx)
+        return {"error_code": code, "error_message": message,
+                "resource_type": r.resource_type, "resource_name": r.resource_name}
+    responses = await asyncio.gather(*(answer(r) for r in req.resources))
     return kafka_apis.build(cls, {"throttle_time": 0, "responses": responses})
 
 
@@ -112,8 +136,12 @@ async def _describe(router: Any, r: Any, req: Any, ctx: Any) -> dict[str, Any]:
                                                        "Group name must not be empty")
         return entry
     try:
-        overrides, defaults = await router.shard_of(name).read(
-            lambda core: (core.group_configs(name), core.config.group_defaults()))
+        try:
+            overrides, defaults = await router.shard_of(name).read(
+                lambda core: (core.group_configs(name), core.config.group_defaults()))
+        except ShardUnavailable as exc:
+            # (the same version's entity: encoded as the owner gave it)
+            return await _forward(router, req, r, ctx, exc)  # type: ignore[no-any-return]
     except ShardUnavailable as exc:
         entry["error_code"], entry["error_message"] = exc.code, exc.message
         return entry
@@ -142,7 +170,7 @@ async def _describe(router: Any, r: Any, req: Any, ctx: Any) -> dict[str, Any]:
     return entry
 
 
-async def _alter(router: Any, r: Any, validate_only: bool, ctx: Any) -> tuple[int, str | None]:
+async def _alter(router: Any, r: Any, req: Any, ctx: Any) -> tuple[int, str | None]:
     if r.resource_type != GROUP:
         return _not_served(r.resource_type, r.resource_name)
     if len({c.name for c in r.configs}) != len(r.configs):
@@ -172,9 +200,72 @@ async def _alter(router: Any, r: Any, validate_only: bool, ctx: Any) -> tuple[in
 
     def error(code: int, message: str) -> tuple[int, str]:
         return code, message
+    validate_only = req.validate_only
     try:
-        code, message = await router.shard_of(name).write(
-            lambda core, now: core.alter_group_config(name, changes, now, validate_only), error)
+        try:
+            code, message = await router.shard_of(name).write(
+                lambda core, now: core.alter_group_config(name, changes, now, validate_only),
+                error)
+            return code, message
+        except ShardUnavailable as exc:
+            result = await _forward(router, req, r, ctx, exc)
+            return int(result.error_code), result.error_message
     except ShardUnavailable as exc:
         return exc.code, exc.message
-    return code, message
+
+
+def _forward_listener(server: Any, ctx: Any) -> str | None:
+    """The listener a forward goes to: the request's own if it is PLAINTEXT, else the first
+    PLAINTEXT one (None: there is none, and this node has no credentials of its own)."""
+    plain = [ln.name for ln in server.listener_specs if ln.protocol == "PLAINTEXT"]
+    if ctx.listener in plain:
+        return str(ctx.listener)
+    return plain[0] if plain else None
+
+
+async def _forward(router: Any, req: Any, r: Any, ctx: Any, unavailable: ShardUnavailable) -> Any:
+    """The owner's answer for the resource ``r`` (whose partition this node does not own) of
+    ``req``, sent to it alone; raises ShardUnavailable (``unavailable`` itself when there is
+    nowhere to forward)."""
+    server = router.server
+    cluster = server.cluster
+    if (cluster is None or unavailable.code != ErrorCode.NOT_COORDINATOR
+            or ctx.client_id == FORWARD_CLIENT_ID):
+        raise unavailable
+    listener = _forward_listener(server, ctx)
+    if listener is None:
+        raise ShardUnavailable(unavailable.code, (
+            f"{unavailable.message}; requests for it are forwarded to its owner over a PLAINTEXT "
+            "listener and this node has none: send this request to the group's coordinator "
+            "(FindCoordinator)"))
+    owner = cluster.locate(partition_for(r.resource_name, len(server.shards)), listener)
+    if owner is None or str(owner[0]) == cluster.node_id:
+        raise ShardUnavailable(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                               f"{unavailable.message}, and no other node owns it now (it is "
+                               "moving): retry")
+    node, host, port = owner
+    if (host, port) == server.advertised_for(listener):
+        raise ShardUnavailable(unavailable.code, (
+            f"{unavailable.message}; its owner, node {node}, advertises the same address as "
+            f"this node for listener {listener} ({host}:{port}), so it cannot be forwarded "
+            "there: set advertised.listeners, or send this request to the group's coordinator"))
+    conn = KrpcConnection(host, port, FORWARD_CLIENT_ID)
+    try:
+        async with asyncio.timeout(FORWARD_TIMEOUT_S):
+            await conn.open(FORWARD_TIMEOUT_S)
+            answer = await conn.request(dataclasses.replace(req, resources=(r,)),
+                                        FORWARD_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 (unreachable, timed out, refused, unreadable)
+        server.metrics.group_config_forwards.labels("failed").inc()
+        raise ShardUnavailable(ErrorCode.COORDINATOR_NOT_AVAILABLE, (
+            f"the group's coordinator is node {node} ({host}:{port}) and forwarding this "
+            f"request to it failed: {exc}; retry")) from None
+    finally:
+        conn.close()
+    server.metrics.group_config_forwards.labels("ok").inc()
+    (item,) = answer.results if req.__api_key__ == ApiKey.DESCRIBE_CONFIGS else answer.responses
+    if item.error_code == ErrorCode.GROUP_AUTHORIZATION_FAILED:
+        item = dataclasses.replace(item, error_message=(
+            f"forwarded to the group's coordinator, node {node}, which refused this node's "
+            f"forwarding connection (listener {listener}): {item.error_message}"))
+    return item
