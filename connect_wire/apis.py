@@ -3,11 +3,11 @@
 Both sides use it: the coordinator to route and to answer ApiVersions, the worker client to
 pick classes. The connect APIs (10000-10008) are our generated classes; the Kafka APIs the
 coordinator answers (ApiVersions, Metadata, FindCoordinator, DescribeGroups, ListGroups,
-SaslHandshake, SaslAuthenticate, DescribeConfigs, IncrementalAlterConfigs, the ACL and SCRAM
-APIs) are kio's own classes, not regenerated. Header versions follow
-Kafka: a flexible request version uses request header v2 (else v1); a flexible response version
-uses response header v1 (else v0), except ApiVersions, whose responses always use response
-header v0.
+JoinGroup, SyncGroup, Heartbeat, LeaveGroup, SaslHandshake, SaslAuthenticate, DescribeConfigs,
+IncrementalAlterConfigs, the ACL and SCRAM APIs) are kio's own classes, not regenerated. Header
+versions follow Kafka: a flexible request version uses request header v2 (else v1); a flexible
+response version uses response header v1 (else v0), except ApiVersions, whose responses always
+use response header v0.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ class ApiKey:
 
     METADATA = 3
     FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
@@ -82,6 +86,12 @@ APIS: dict[int, API] = {
     for a in (
         API(ApiKey.METADATA, "Metadata", 0, 12, "metadata"),
         API(ApiKey.FIND_COORDINATOR, "FindCoordinator", 0, 6, "find_coordinator"),
+        # The classic group APIs, for classic Kafka Connect workers (protocol type "connect",
+        # coordinator/server/classic_apis.py): the versions Kafka 4.0 serves.
+        API(ApiKey.JOIN_GROUP, "JoinGroup", 2, 9, "join_group"),
+        API(ApiKey.HEARTBEAT, "Heartbeat", 0, 4, "heartbeat"),
+        API(ApiKey.LEAVE_GROUP, "LeaveGroup", 0, 5, "leave_group"),
+        API(ApiKey.SYNC_GROUP, "SyncGroup", 0, 5, "sync_group"),
         API(ApiKey.DESCRIBE_GROUPS, "DescribeGroups", 0, 5, "describe_groups"),
         API(ApiKey.LIST_GROUPS, "ListGroups", 0, 5, "list_groups"),
         # SaslHandshake v0 (raw SASL tokens after it, no SaslAuthenticate framing) is not

@@ -250,6 +250,17 @@ SETTINGS: tuple[Setting, ...] = (
             "Longest a chosen member may take to compute a target assignment (its rebalance "
             "timeout, at most this); then another member is chosen and it is not chosen again "
             "while it stays in the group.", _positive),
+    Setting("group.connect.migration.policy", str, _G.migration_policy,
+            "Which moves of a non-empty group between the classic protocol (JoinGroup, "
+            "SyncGroup, Heartbeat, LeaveGroup) and the new one are allowed, as Kafka's "
+            "group.consumer.migration.policy: 'bidirectional', 'upgrade' (classic -> new only), "
+            "'downgrade' (new -> classic only), 'disabled'. An empty group takes either "
+            "(docs/migration.md).", _one_of("bidirectional", "upgrade", "downgrade", "disabled")),
+    Setting("group.connect.classic.max.delay.ms", int, _G.classic_max_delay_ms,
+            "A group with only classic members gets its target from the coordinator, which runs "
+            "Kafka Connect's incremental cooperative assignor itself: its "
+            "scheduled.rebalance.max.delay.ms (how long a departed worker's work waits for it).",
+            _non_negative),
     Setting("group.connect.max.size", int, _G.max_size,
             "Maximum members per group; a member joining beyond it gets GROUP_MAX_SIZE_REACHED "
             "(Kafka's error; finite here: every member costs memory while it stays, "
@@ -478,6 +489,8 @@ class ServerConfig:
             min_heartbeat_interval_ms=self["group.connect.min.heartbeat.interval.ms"],
             max_heartbeat_interval_ms=self["group.connect.max.heartbeat.interval.ms"],
             max_size=self["group.connect.max.size"],
+            migration_policy=self["group.connect.migration.policy"],
+            classic_max_delay_ms=self["group.connect.classic.max.delay.ms"],
             max_rebalance_timeout_ms=self["group.connect.max.rebalance.timeout.ms"],
             max_assignment_timeout_ms=self["group.connect.max.assignment.timeout.ms"],
             max_tasks=self["group.connect.max.tasks"],

@@ -31,6 +31,19 @@ class Assignor:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClassicProtocol:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[int] = 0
+    __flexible__: ClassVar[bool] = True
+    __api_key__: ClassVar[int] = 3
+    __header_schema__: ClassVar[type | None] = None
+    name: str = field(metadata={'kafka_type': 'string'})
+    "The protocol name (sessioned, compatible or default)."
+    metadata: bytes = field(metadata={'kafka_type': 'bytes'})
+    "The worker metadata the member sent for it."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GroupMemberValue:
     __type__: ClassVar = EntityType.data
     __version__: ClassVar[int] = 0
@@ -49,3 +62,7 @@ class GroupMemberValue:
     "The member's rebalance timeout in milliseconds."
     client_assignors: tuple[Assignor, ...] = field(default=())
     "The client-side assignors the member supports, in priority order."
+    classic_session_timeout_ms: int = field(metadata={'kafka_type': 'int32', 'tag': 0}, default=-1)
+    "A member of the classic protocol (JoinGroup/SyncGroup/Heartbeat): the session timeout of its JoinGroup; -1 for a member of the new protocol."
+    classic_protocols: tuple[ClassicProtocol, ...] = field(metadata={'tag': 1}, default=())
+    "A member of the classic protocol: the protocols of its JoinGroup, in its order of preference (empty for a member of the new protocol)."

@@ -29,6 +29,9 @@ MAX_GROUPS = "group.max.groups"
 MAX_COMMIT_BYTES = "group.connect.offsets.max.commit.bytes"
 MAX_PARTITIONS = "group.connect.offsets.max.partitions"
 MAX_OFFSET_BYTES = "group.connect.offsets.max.bytes"
+MIGRATION_POLICY = "group.connect.migration.policy"
+MIGRATION_POLICIES = ("bidirectional", "upgrade", "downgrade", "disabled")
+CLASSIC_MAX_DELAY = "group.connect.classic.max.delay.ms"
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
 """The partition log's batch limit (``coordinator.runtime.log.DEFAULT_MAX_BATCH_BYTES``, which a
 test keeps equal): no handler's records may take more, whatever the request."""
@@ -89,6 +92,15 @@ class GroupCoordinatorConfig:
     """The most records one write may carry (the etcd store's ``etcd.max.txn.ops``; None: no
     such bound, the file store's batch byte limit only). Offsets of deleted connectors are
     tombstoned in batches of at most this many (and at most ``OFFSET_DELETE_BATCH``)."""
+    migration_policy: str = "bidirectional"
+    """``group.connect.migration.policy``: which classic <-> new protocol moves of a non-empty
+    group are allowed (``bidirectional``, ``upgrade``, ``downgrade``, ``disabled``; as Kafka's
+    ``group.consumer.migration.policy``). An empty group takes members of either protocol."""
+    classic_max_delay_ms: int = 300_000
+    """``group.connect.classic.max.delay.ms``: when only classic members are in a group the
+    coordinator computes its target itself with Kafka Connect's incremental cooperative
+    assignor; this is that assignor's ``scheduled.rebalance.max.delay.ms`` (how long the work
+    of a departed worker waits for it to come back)."""
     group_count: Callable[[], int] | None = field(default=None, compare=False, repr=False)
     """How many groups the daemon hosts now, all partitions together (the runtime passes a
     function summing its shards' group tables; every shard runs on one event loop and a
@@ -132,6 +144,11 @@ class GroupCoordinatorConfig:
             raise ConfigError(f"{MAX_PARTITIONS} must be >= 1")
         if self.max_batch_records is not None and self.max_batch_records < 2:
             raise ConfigError("max_batch_records must be >= 2")
+        if self.migration_policy not in MIGRATION_POLICIES:
+            raise ConfigError(f"{MIGRATION_POLICY}={self.migration_policy!r} must be one of "
+                              f"{', '.join(MIGRATION_POLICIES)}")
+        if self.classic_max_delay_ms < 0:
+            raise ConfigError(f"{CLASSIC_MAX_DELAY} must be >= 0")
         if self.empty_group_retention_ms < 0:
             raise ConfigError("empty group retention must be >= 0")
 

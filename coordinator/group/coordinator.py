@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from connect_wire import classic_connect as cc
 from connect_wire.errors import ErrorCode, error_name
 from connect_wire.instance_states import utf8_tail
 from connect_wire.messages import (
@@ -89,7 +90,14 @@ from connect_wire.records import (
     TargetAssignmentMetadataKey,
 )
 from connect_wire.verbs import STOPPED, target_state
+from worker_client.assignors import (
+    EagerAssignor,
+    GroupSpec,
+    IncrementalCooperativeAssignor,
+    MemberSpec,
+)
 
+from . import classic as cl
 from . import records as rec
 from .config import (
     MAX_COMMIT_BYTES,
@@ -106,6 +114,7 @@ from .model import (
     HELD_EPOCH,
     NEW_MEMBER_ASSIGNMENT,
     AssignorSpec,
+    ClassicMember,
     Computation,
     ConnectorSpec,
     CurrentAssignment,
@@ -147,6 +156,10 @@ SCHEDULED = "scheduled"
 EXPIRE = "expire"
 HOLD = "hold"
 OFFSETS = "offsets"
+CLASSIC_JOIN = "classic_join"
+"""A classic member told to rejoin that has not: fenced at its rebalance timeout."""
+CLASSIC_SYNC = "classic_sync"
+"""A classic member that joined and has not sent SyncGroup: fenced at its rebalance timeout."""
 """Tombstone the next batch of a group's garbage offsets (deleted connectors'): group-level."""
 OFFSET_DELETE_BATCH = 100
 """Most offset tombstones one write carries (below etcd's default of 128 operations per
@@ -196,7 +209,8 @@ class GroupEvent(NamedTuple):
     fields: dict[str, Any]
 
 
-FENCE_REASONS = ("session_expired", "stale_member_epoch", "rebalance_timeout")
+FENCE_REASONS = ("session_expired", "stale_member_epoch", "rebalance_timeout",
+                 "classic_join_timeout", "classic_sync_timeout")
 """``member fenced`` events' ``reason`` (and the fence counter's label): the coordinator removed
 the member. A member that leaves itself is ``member left``."""
 NAMES_LOGGED = 20
@@ -259,7 +273,8 @@ def _forget_strangers(g: Group) -> None:
     """Drop the soft state of member ids that are neither members nor holds of ``g``."""
     soft = g.soft
     for per_member in (soft.session_deadline, soft.rebalance_deadline, soft.reported_owned,
-                       soft.instance_states, soft.last_heartbeat):
+                       soft.instance_states, soft.last_heartbeat, soft.classic_join_deadline,
+                       soft.classic_sync_deadline):
         for mid in [m for m in per_member if m not in g.members]:
             del per_member[mid]
     soft.dirty &= set(g.members)
@@ -480,7 +495,7 @@ class GroupCoordinator:
             return None
         member_id = req.member_id
         m = g.members.get(member_id)
-        if m is None:
+        if m is None or m.classic is not None:
             return None
         soft = g.soft
         if soft.computation is not None or member_id in soft.dirty:
@@ -619,6 +634,8 @@ class GroupCoordinator:
                 self._on_hold_expired(txn, g, member_id, now_ms)
             elif kind == OFFSETS:
                 self._on_offsets_gc(txn, g, now_ms)
+            elif kind in (CLASSIC_JOIN, CLASSIC_SYNC):
+                self._on_classic_expired(txn, g, kind, member_id, now_ms)
             if group_id in self.state.groups:
                 self._after(txn, g, now_ms)
 
@@ -632,8 +649,10 @@ class GroupCoordinator:
             soft.computation = None
             soft.selection_epoch = -1
             session_ms, _ = self.config.for_group(g.configs)
-            for mid in g.members:
-                self._touch_session(txn, g, mid, now_ms, session_ms)
+            for mid, m in g.members.items():
+                self._touch_session(txn, g, mid, now_ms,
+                                    session_ms if m.classic is None
+                                    else m.classic.session_timeout_ms)
                 cur = g.current.get(mid)
                 if cur is not None and cur.state == MemberState.UNREVOKED_ITEMS:
                     self._arm_rebalance_timer(txn, g, mid, cur.epoch, now_ms)
@@ -669,6 +688,32 @@ class GroupCoordinator:
         if g is None or member_id not in g.current:
             return None
         return self._assignment(g, g.current[member_id])
+
+    # == classic members (JoinGroup / SyncGroup / Heartbeat / LeaveGroup) ==========================
+    # Responses are plain dicts of the fields of Kafka's responses (the runtime builds the
+    # version's message from them).
+    def classic_join(self, req: cl.Join, now_ms: int,
+                     ctx: RequestContext = RequestContext()) -> Result:
+        if (cut := cut_client_id(ctx.client_id)) is not ctx.client_id:
+            ctx = replace(ctx, client_id=cut)
+        return self._run(lambda txn: self._classic_join(txn, req, now_ms, ctx),
+                         lambda code, msg: _join_error(req.member_id, code, msg), now_ms)
+
+    def classic_sync(self, req: cl.Sync, now_ms: int) -> Result:
+        return self._run(lambda txn: self._classic_sync(txn, req, now_ms),
+                         lambda code, msg: {"error_code": code, "error_message": msg,
+                                            "protocol_type": req.protocol_type,
+                                            "protocol_name": req.protocol_name,
+                                            "assignment": b""}, now_ms)
+
+    def classic_heartbeat(self, req: cl.Beat, now_ms: int) -> Result:
+        return self._run(lambda txn: self._classic_heartbeat(txn, req, now_ms),
+                         lambda code, msg: {"error_code": code, "error_message": msg}, now_ms)
+
+    def classic_leave(self, req: cl.Leave, now_ms: int) -> Result:
+        return self._run(lambda txn: self._classic_leave(txn, req, now_ms),
+                         lambda code, msg: {"error_code": code, "error_message": msg,
+                                            "members": []}, now_ms)
 
     def commit_offsets(self, req: ConnectGroupCommitOffsetsRequest, now_ms: int) -> Result:
         """A connector instance's offsets, fenced by its member epoch and ownership."""
@@ -858,6 +903,266 @@ class GroupCoordinator:
             return nxt
         return replace(nxt, tokens=tokens)
 
+    # == classic members ============================================================================
+    def _session_ms(self, g: Group, m: MemberMetadata) -> int:
+        """A member's session timeout: a classic member keeps its JoinGroup's own."""
+        if m.classic is not None:
+            return m.classic.session_timeout_ms
+        return self.config.for_group(g.configs)[0]
+
+    def _classic_member(self, group_id: str, member_id: str,
+                        instance_id: str | None) -> tuple[Group, MemberMetadata]:
+        """The classic member a SyncGroup or Heartbeat names (Kafka's checks, in its order)."""
+        g = self.state.groups.get(group_id)
+        m = g.members.get(member_id) if g is not None else None
+        if g is None or m is None:
+            raise _Reject(E.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group "
+                          f"{group_id}: rejoin (JoinGroup).")
+        if instance_id is not None:
+            holder = g.static_members.get(instance_id)
+            if holder is None:
+                raise _Reject(E.UNKNOWN_MEMBER_ID,
+                              f"Instance {instance_id} is unknown in group {group_id}.")
+            if holder != member_id:
+                raise _Reject(E.FENCED_INSTANCE_ID, f"Instance {instance_id} belongs to member "
+                              f"{holder}, not {member_id}.")
+        if m.classic is None:
+            raise _Reject(E.UNKNOWN_MEMBER_ID, f"Member {member_id} of group {group_id} uses the "
+                          "new protocol (ConnectGroupHeartbeat), not JoinGroup/SyncGroup.")
+        return g, m
+
+    def _arm_classic(self, txn: _Txn, g: Group, kind: str, member_id: str,
+                     deadline: int | None) -> None:
+        table = (g.soft.classic_join_deadline if kind == CLASSIC_JOIN
+                 else g.soft.classic_sync_deadline)
+        if deadline is None:
+            if table.pop(member_id, None) is None:
+                return
+        else:
+            table[member_id] = deadline
+        txn.timer(kind, g.group_id, member_id, deadline)
+
+    def _classic_join(self, txn: _Txn, req: cl.Join, now_ms: int, ctx: RequestContext) -> Any:
+        config = self.config
+        if not req.group_id:
+            raise _Reject(E.INVALID_GROUP_ID, "GroupId must be non-empty.")
+        if not config.min_session_timeout_ms <= req.session_timeout_ms <= config.max_session_timeout_ms:
+            raise _Reject(E.INVALID_SESSION_TIMEOUT,
+                          f"SessionTimeoutMs {req.session_timeout_ms} is outside "
+                          f"[{config.min_session_timeout_ms}, {config.max_session_timeout_ms}] "
+                          "(group.connect.min/max.session.timeout.ms).")
+        if not 0 < req.rebalance_timeout_ms <= config.max_rebalance_timeout_ms:
+            raise _Reject(E.INVALID_REQUEST,
+                          f"RebalanceTimeoutMs {req.rebalance_timeout_ms} is outside "
+                          f"[1, {config.max_rebalance_timeout_ms}] ({MAX_REBALANCE_TIMEOUT}).")
+        try:
+            protocols, metadata = cl.accept_protocols(req.protocol_type, req.protocols)
+        except cl.Refused as exc:
+            raise _Reject(E.INCONSISTENT_GROUP_PROTOCOL, str(exc)) from None
+        problem = (validate_member_id(req.member_id)
+                   or validate_member_metadata_size((), metadata.url, req.instance_id))
+        if problem:
+            raise _Reject(E.INVALID_REQUEST, problem)
+        g = self.state.groups.get(req.group_id)
+        size = sum(len(b) for _, b in protocols)
+        allowed = cl.MAX_METADATA_BYTES + cl.BYTES_PER_ITEM * (len(g.configured) if g else 0)
+        if size > allowed:
+            raise _Reject(E.INVALID_REQUEST,
+                          f"The protocols' metadata take {size:,} bytes, more than the "
+                          f"{allowed:,} a member of group {req.group_id} may send.")
+        if not req.member_id and req.instance_id is None and req.requires_member_id:
+            return _join_error(self.new_member_id(), E.MEMBER_ID_REQUIRED,
+                               "A member id is required: join again with this one.")
+        member_id = req.member_id or self.new_member_id()
+        try:
+            owned = cc.allocation_items(metadata)
+        except cc.ConnectProtocolError as exc:  # (decode_metadata checked it already)
+            raise _Reject(E.INCONSISTENT_GROUP_PROTOCOL, str(exc)) from None
+        classic = ClassicMember(req.session_timeout_ms, protocols)
+        meta = MemberMetadata(
+            member_id=member_id, instance_id=req.instance_id, worker_url=metadata.url,
+            client_id=ctx.client_id, client_host=ctx.client_host,
+            rebalance_timeout_ms=req.rebalance_timeout_ms, assignors=(), classic=classic)
+        existing = g.members.get(member_id) if g is not None else None
+        holder = (g.static_members.get(req.instance_id)
+                  if g is not None and req.instance_id is not None else None)
+        if req.instance_id is not None and req.member_id:
+            # A known static member rejoining: its instance must be its own.
+            if holder is None or existing is None:
+                raise _Reject(E.UNKNOWN_MEMBER_ID, f"Instance {req.instance_id} is unknown in "
+                              f"group {req.group_id}: join with an empty MemberId.")
+            if holder != member_id:
+                raise _Reject(E.FENCED_INSTANCE_ID, f"Instance {req.instance_id} belongs to "
+                              f"member {holder}, not {member_id}.")
+        if existing is None:
+            if g is not None:
+                others = g.members.keys() - {holder} if holder else g.members.keys()
+                n_classic = len(g.classic_members) - (holder in g.classic_members)
+                refusal = cl.policy_refusal(config.migration_policy, True, n_classic > 0,
+                                            len(others) > n_classic, g.group_id)
+                if refusal is not None:
+                    raise _Reject(E.INCONSISTENT_GROUP_PROTOCOL, refusal)
+                if holder is None and len(g.members) >= config.max_size:
+                    raise _Reject(E.GROUP_MAX_SIZE_REACHED,
+                                  f"Group {req.group_id} has reached its maximum size "
+                                  f"({config.max_size} members).")
+            if holder is not None:
+                assert g is not None
+                # A new process of a static member replaces the old one (whatever protocol
+                # it spoke): it takes over its target and what it held.
+                self._take_over(txn, g, holder, meta, now_ms)
+                g.soft.empty_since_ms = None
+            else:
+                g = self._get_or_create_group(txn, req.group_id, now_ms)
+                g.soft.hold_deadline.pop(member_id, None)
+                g.soft.hold_instance.pop(member_id, None)
+                txn.write(rec.group_member(g.group_id, meta))
+                self._write_current(txn, g, member_id, self._joining_assignment(
+                    g, member_id, EMPTY, owned, NEW_MEMBER_ASSIGNMENT), now_ms)
+                self._event(txn, g, "member joined", member_id, protocol=classic.protocol,
+                            rebalance_timeout_ms=req.rebalance_timeout_ms,
+                            session_timeout_ms=req.session_timeout_ms, client_id=ctx.client_id,
+                            client_host=ctx.client_host, reports_running=len(owned))
+                self._bump(txn, g, now_ms, "member_joined", member_id)
+                g.soft.empty_since_ms = None
+        else:
+            assert g is not None
+            if existing.classic is None:
+                self._event(txn, g, "member switched protocol", member_id,
+                            protocol=classic.protocol)
+            if existing != meta:
+                txn.write(rec.group_member(g.group_id, meta))
+            cur = g.current[member_id]
+            if cur.epoch == -2:  # a static member of the new protocol that left, back classic
+                self._write_current(txn, g, member_id, self._joining_assignment(
+                    g, member_id, cur.assigned, owned, cur), now_ms, fresh=True)
+        assert g is not None
+        self._note_principal(g, member_id, ctx)
+        self._after(txn, g, now_ms)
+        self._reconcile(txn, g, member_id, owned, now_ms)
+        self._touch_session(txn, g, member_id, now_ms, req.session_timeout_ms)
+        self._arm_classic(txn, g, CLASSIC_JOIN, member_id, None)
+        self._arm_classic(txn, g, CLASSIC_SYNC, member_id,
+                          now_ms + self._rebalance_timeout(g.members[member_id]))
+        return {"error_code": 0, "error_message": None,
+                "generation_id": g.current[member_id].epoch,
+                "protocol_type": cc.PROTOCOL_TYPE, "protocol_name": classic.protocol,
+                "leader": "", "skip_assignment": False, "member_id": member_id,
+                "members": []}
+
+    def _take_over(self, txn: _Txn, g: Group, old_id: str, meta: MemberMetadata,
+                   now_ms: int) -> None:
+        """A new classic process of a static instance replaces the member holding it: the
+        target and what it held move to the new member id, at epoch 0 (new fencing tokens)."""
+        old_cur = g.current[old_id]
+        old_target = g.target.get(old_id)
+        old_meta = g.members[old_id]
+        self._remove_records(txn, g, old_id)
+        txn.write(rec.group_member(g.group_id, meta))
+        if old_target is not None:
+            txn.write(rec.target_member(g.group_id, meta.member_id, old_target))
+        txn.write(rec.current_assignment(g.group_id, meta.member_id, self._tokened(
+            txn, g, None, CurrentAssignment(0, 0, MemberState.STABLE, old_cur.assigned, EMPTY,
+                                            old_cur.metadata_version, old_cur.metadata_bytes),
+            now_ms)))
+        self._forget_member(txn, g, old_id)
+        self._event(txn, g, "member joined", meta.member_id, replaced_member_id=old_id,
+                    protocol=meta.classic.protocol if meta.classic else None,
+                    took_over=len(old_cur.assigned))
+        comp = g.soft.computation
+        if comp is not None and comp.member_id == old_id:
+            self._cancel_computation(txn, g)
+        if old_meta.classic is None or (comp is not None and comp.prepared_epoch is not None):
+            # (the group's assignors changed, or a computation in flight names the old id)
+            self._bump(txn, g, now_ms, "static_member_replaced", meta.member_id)
+
+    def _classic_sync(self, txn: _Txn, req: cl.Sync, now_ms: int) -> Any:
+        g, m = self._classic_member(req.group_id, req.member_id, req.instance_id)
+        assert m.classic is not None
+        cur = g.current[req.member_id]
+        if req.generation_id != cur.epoch:
+            raise _Reject(E.ILLEGAL_GENERATION, f"GenerationId {req.generation_id} is not the "
+                          f"member's generation {cur.epoch}: rejoin.")
+        if req.protocol_type is not None and req.protocol_type != cc.PROTOCOL_TYPE:
+            raise _Reject(E.INCONSISTENT_GROUP_PROTOCOL,
+                          f"ProtocolType {req.protocol_type!r} is not {cc.PROTOCOL_TYPE!r}.")
+        if req.protocol_name is not None and req.protocol_name != m.classic.protocol:
+            raise _Reject(E.INCONSISTENT_GROUP_PROTOCOL,
+                          f"ProtocolName {req.protocol_name!r} is not the member's protocol "
+                          f"{m.classic.protocol!r}.")
+        self._touch_session(txn, g, req.member_id, now_ms, m.classic.session_timeout_ms)
+        self._arm_classic(txn, g, CLASSIC_SYNC, req.member_id, None)
+        if cur.epoch < g.assignment_epoch and cur.state != MemberState.UNREVOKED_ITEMS:
+            self._arm_join_timer(txn, g, req.member_id, now_ms)
+            raise _Reject(E.REBALANCE_IN_PROGRESS, "A newer target assignment is installed: "
+                          "rejoin.")
+        return {"error_code": 0, "error_message": None, "protocol_type": cc.PROTOCOL_TYPE,
+                "protocol_name": m.classic.protocol,
+                "assignment": cl.sync_assignment(g, m, cur, now_ms)}
+
+    def _arm_join_timer(self, txn: _Txn, g: Group, member_id: str, now_ms: int) -> None:
+        if member_id not in g.soft.classic_join_deadline:
+            self._arm_classic(txn, g, CLASSIC_JOIN, member_id,
+                              now_ms + self._rebalance_timeout(g.members[member_id]))
+
+    def _classic_heartbeat(self, txn: _Txn, req: cl.Beat, now_ms: int) -> Any:
+        g, m = self._classic_member(req.group_id, req.member_id, req.instance_id)
+        assert m.classic is not None
+        cur = g.current[req.member_id]
+        if req.generation_id != cur.epoch:
+            raise _Reject(E.ILLEGAL_GENERATION, f"GenerationId {req.generation_id} is not the "
+                          f"member's generation {cur.epoch}: rejoin.")
+        self._touch_session(txn, g, req.member_id, now_ms, m.classic.session_timeout_ms)
+        why = cl.must_rejoin(g, req.member_id, cur)
+        if why is not None:
+            self._arm_join_timer(txn, g, req.member_id, now_ms)
+            raise _Reject(E.REBALANCE_IN_PROGRESS, f"Rejoin: {why}.")
+        return {"error_code": 0, "error_message": None}
+
+    def _classic_leave(self, txn: _Txn, req: cl.Leave, now_ms: int) -> Any:
+        g = self.state.groups.get(req.group_id)
+        if g is None:
+            raise _Reject(E.UNKNOWN_MEMBER_ID, f"Group {req.group_id} has no members.")
+        answers = []
+        for member_id, instance_id in req.members:
+            code = 0
+            mid = member_id
+            if instance_id is None:
+                m = g.members.get(member_id)
+                if m is None or m.classic is None:
+                    code = E.UNKNOWN_MEMBER_ID
+            else:
+                holder = g.static_members.get(instance_id)
+                if holder is None:
+                    code = E.UNKNOWN_MEMBER_ID
+                elif member_id and holder != member_id:
+                    code = E.FENCED_INSTANCE_ID
+                elif g.members[holder].classic is None:
+                    code = E.UNKNOWN_MEMBER_ID
+                else:
+                    mid = holder
+            if code == 0:
+                self._fence(txn, g, mid, now_ms, "left")
+            answers.append({"member_id": member_id, "group_instance_id": instance_id,
+                            "error_code": code})
+        self._after(txn, g, now_ms)
+        return {"error_code": 0, "error_message": None, "members": answers}
+
+    def _on_classic_expired(self, txn: _Txn, g: Group, kind: str, member_id: str,
+                            now_ms: int) -> None:
+        table = (g.soft.classic_join_deadline if kind == CLASSIC_JOIN
+                 else g.soft.classic_sync_deadline)
+        deadline = table.get(member_id)
+        if deadline is None or member_id not in g.members:
+            return
+        if deadline > now_ms:
+            txn.timer(kind, g.group_id, member_id, deadline)
+            return
+        del table[member_id]
+        self._fence(txn, g, member_id, now_ms,
+                    "classic_join_timeout" if kind == CLASSIC_JOIN else "classic_sync_timeout",
+                    hold=True, rebalance_timeout_ms=g.members[member_id].rebalance_timeout_ms)
+
     # == heartbeat ==================================================================================
     def _heartbeat(
         self, txn: _Txn, req: ConnectGroupHeartbeatRequest, now_ms: int, ctx: RequestContext
@@ -885,6 +1190,11 @@ class GroupCoordinator:
                     f"Member {member_id} is not a member of group {req.group_id}: "
                     "rejoin with MemberEpoch 0.",
                 )
+            if g.members[member_id].classic is not None:
+                raise _Reject(
+                    E.UNKNOWN_MEMBER_ID,
+                    f"Member {member_id} of group {req.group_id} uses the classic protocol "
+                    "(JoinGroup/SyncGroup/Heartbeat): join with MemberEpoch 0 to switch.")
             self._check_instance(g, member_id, req.instance_id)
             if epoch == -1:
                 return self._leave(txn, g, member_id, now_ms)
@@ -1075,7 +1385,8 @@ class GroupCoordinator:
         them all exactly when it reaches the lowest maximum and the highest minimum)."""
         index = g.assignors
         me = g.members.get(member_id)
-        others = len(g.members) - (me is not None)
+        others = (len(g.members) - len(g.classic_members)
+                  - (me is not None and me.classic is None))
         if not others:
             return
         mine_before = {a.name: a for a in me.assignors} if me is not None else {}
@@ -1121,7 +1432,7 @@ class GroupCoordinator:
             holder = g.static_members.get(req.instance_id)
             if holder is not None and holder != member_id:
                 held = g.current.get(holder)
-                if held is None or held.epoch != -2:
+                if (held is None or held.epoch != -2) and g.members[holder].classic is None:
                     raise _Reject(
                         E.UNRELEASED_INSTANCE_ID,
                         f"Instance {req.instance_id} is still held by member {holder}; it must "
@@ -1138,12 +1449,26 @@ class GroupCoordinator:
                         f"Instance {req.instance_id} belongs to member {holder}; member "
                         f"{member_id} is already in group {g.group_id} and cannot take it over.",
                     )
+                if g.members[holder].classic is not None:
+                    refusal = cl.policy_refusal(
+                        self.config.migration_policy, False, len(g.classic_members) > 1,
+                        len(g.members) > len(g.classic_members), g.group_id)
+                    if refusal is not None:
+                        raise _Reject(E.GROUP_ID_NOT_FOUND, refusal)
                 self._check_assignors(g, holder, assignors)
+                # (a new process of the instance replaces a classic one: classic static
+                # members never leave, so it need not have left first; as Kafka)
                 self._replace_static(txn, g, holder, member_id, req, ctx, assignors, now_ms)
                 self._note_principal(g, member_id, ctx)
                 return g, member_id, True
         existing = g.members.get(member_id) if g is not None else None
         if existing is None:
+            if g is not None:
+                refusal = cl.policy_refusal(
+                    self.config.migration_policy, False, bool(g.classic_members),
+                    len(g.members) > len(g.classic_members), g.group_id)
+                if refusal is not None:
+                    raise _Reject(E.GROUP_ID_NOT_FOUND, refusal)
             if g is not None and len(g.members) >= self.config.max_size:
                 raise _Reject(E.GROUP_MAX_SIZE_REACHED,
                               f"Group {req.group_id} has reached its maximum size "
@@ -1474,6 +1799,10 @@ class GroupCoordinator:
         soft.principals.pop(member_id, None)
         txn.timer(SESSION, g.group_id, member_id, None)
         txn.timer(REBALANCE, g.group_id, member_id, None)
+        if soft.classic_join_deadline.pop(member_id, None) is not None:
+            txn.timer(CLASSIC_JOIN, g.group_id, member_id, None)
+        if soft.classic_sync_deadline.pop(member_id, None) is not None:
+            txn.timer(CLASSIC_SYNC, g.group_id, member_id, None)
 
     def _fence(self, txn: _Txn, g: Group, member_id: str, now_ms: int, reason: str,
                hold: bool = False, **detail: Any) -> None:
@@ -1508,7 +1837,12 @@ class GroupCoordinator:
         soft = g.soft
         if soft.selection_epoch != g.epoch:
             index = g.assignors
-            name = index.select(len(g.members), next(iter(g.members.values()), None))
+            some = next(iter(g.members.values()), None)
+            if some is not None and some.classic is not None:
+                some = next((m for m in g.members.values() if m.classic is None), None)
+            name = index.select(len(g.members) - len(g.classic_members), some)
+            if g.members and some is None:  # classic members only: the coordinator computes
+                name = cl.server_assignor_name(g)
             soft.selected_assignor = name
             barred = [g.members[mid] for mid in (soft.barred_assigners
                                                  | soft.unauthorized_assigners)
@@ -1516,6 +1850,8 @@ class GroupCoordinator:
             soft.eligible = index.eligible(name, barred) if name else {}
             soft.selection_epoch = g.epoch
             if not g.members:
+                soft.assigner_error = None
+            elif some is None:
                 soft.assigner_error = None
             elif name is None:
                 soft.assigner_error = "no client-side assignor is supported by every member"
@@ -1547,6 +1883,9 @@ class GroupCoordinator:
             # bumped the epoch were rolled back (a failed write): drop it.
             if g.soft.computation is not None and g.soft.computation.prepared_epoch is None:
                 self._cancel_computation(txn, g)
+            return
+        if len(g.classic_members) == len(g.members):
+            self._compute_for_classic(txn, g, now_ms)
             return
         comp = g.soft.computation
         if comp is not None and comp.member_id in g.members:
@@ -1580,6 +1919,10 @@ class GroupCoordinator:
             candidates = [exclude]  # the only one able to: let it try again
         if not candidates:
             g.soft.computation = None
+            if g.classic_members:
+                # No member of the new protocol can compute now: the group's classic members
+                # must not wait for one.
+                self._compute_for_classic(txn, g, now_ms)
             return
         last = g.soft.last_assigner
         chosen = last if last in candidates else min(candidates)
@@ -1715,10 +2058,23 @@ class GroupCoordinator:
             targets = self._validate_assignment(g, comp, req)
             kept = self._validate_kept(comp, req, targets)
         # Install, even if the group moved on: restricted to today's members and items.
-        delay = req.scheduled_rebalance_delay_ms
+        self._write_targets(txn, g, comp.prepared_epoch, req.error, req.assignor_state,
+                            req.scheduled_rebalance_delay_ms, targets, now_ms,
+                            req.member_id, comp, kept)
+        self._after(txn, g, now_ms)  # a newer epoch: the next computation starts right away
+        return ConnectGroupInstallAssignmentResponse()
+
+    def _write_targets(self, txn: _Txn, g: Group, epoch: int, error: int, assignor_state: bytes,
+                       delay: int, targets: dict[str, TargetMember], now_ms: int,
+                       by: str | None, comp: Computation | None,
+                       kept: tuple[KeptFor, ...]) -> None:
+        """Install a computed target for group epoch ``epoch``: restricted to today's members
+        and items (the group may have moved on since), with the items ``kept`` for departed
+        members until the scheduled rebalance. ``by``: the member that computed it (None: the
+        coordinator, for a group of classic members only)."""
         scheduled_at = now_ms + delay if delay >= 0 else -1
         changed = assigned = 0
-        if req.error == 0:
+        if error == 0:
             for mid in list(g.members):
                 new = targets.get(mid, EMPTY_TARGET)
                 new = TargetMember(new.items & g.configured, new.metadata_version,
@@ -1727,30 +2083,59 @@ class GroupCoordinator:
                 if new != g.target.get(mid, EMPTY_TARGET) or mid not in g.target:
                     changed += 1
                     txn.write(rec.target_member(g.group_id, mid, new))
-            state = req.assignor_state
+            state = assignor_state
         else:
             state = g.assignor_state  # the assignor failed: the current target stays
-        txn.write(rec.target_metadata(
-            g.group_id, comp.prepared_epoch, req.error, state, scheduled_at, kept))
+        txn.write(rec.target_metadata(g.group_id, epoch, error, state, scheduled_at, kept))
         name = g.soft.selected_assignor
-        timing = {"compute_ms": (now_ms - comp.prepared_at_ms if comp.prepared_at_ms is not None
-                                 else None),
-                  "since_chosen_ms": now_ms - comp.chosen_at_ms}
-        if req.error == 0:
-            self._event(txn, g, "target assignment installed", req.member_id, assignor=name,
+        timing: dict[str, Any] = {"compute_ms": 0, "since_chosen_ms": 0, "computed_by": "coordinator"}
+        if comp is not None:
+            timing = {"compute_ms": (now_ms - comp.prepared_at_ms
+                                     if comp.prepared_at_ms is not None else None),
+                      "since_chosen_ms": now_ms - comp.chosen_at_ms}
+        if error == 0:
+            self._event(txn, g, "target assignment installed", by, assignor=name,
                         members=len(g.members), changed_members=changed, items=assigned,
                         unassigned=len(g.configured) - assigned,
                         scheduled_rebalance_delay_ms=delay if delay >= 0 else None, **timing)
         else:
-            self._event(txn, g, "assignor failed", req.member_id, assignor=name,
-                        error=error_name(req.error), error_code=req.error,
+            self._event(txn, g, "assignor failed", by, assignor=name,
+                        error=error_name(error), error_code=error,
                         scheduled_rebalance_delay_ms=delay if delay >= 0 else None, **timing)
         txn.timer(SCHEDULED, g.group_id, "", scheduled_at if scheduled_at >= 0 else None)
         self._cancel_computation(txn, g)
         for mid in g.members:
             txn.wake.add((g.group_id, mid))
-        self._after(txn, g, now_ms)  # a newer epoch: the next computation starts right away
-        return ConnectGroupInstallAssignmentResponse()
+
+    def _compute_for_classic(self, txn: _Txn, g: Group, now_ms: int) -> None:
+        """A group whose members all speak the classic protocol has nobody to compute its
+        target: the coordinator runs Kafka Connect's assignor itself (the same pure code the
+        workers run), at once, and installs the result."""
+        name = cl.server_assignor_name(g)
+        assignor = (EagerAssignor() if name == "eager"
+                    else IncrementalCooperativeAssignor(max_delay_ms=self.config.classic_max_delay_ms))
+        g.soft.selected_assignor = name
+        g.soft.assigner_error = None
+        spec = GroupSpec(
+            group_epoch=g.epoch, assignment_epoch=g.assignment_epoch, coordinator_time_ms=now_ms,
+            connectors={c.name: running_task_count(c, g.task_configs.get(c.name))
+                        for c in g.connectors.values()},
+            members={mid: MemberSpec(member_id=mid, member_epoch=g.current[mid].epoch,
+                                     instance_id=m.instance_id, worker_url=m.worker_url,
+                                     target=g.target_items(mid), owned=g.current[mid].owned)
+                     for mid, m in g.members.items()},
+            assignor_state=g.assignor_state,
+        )
+        result = assignor.assign(spec)
+        targets = {mid: TargetMember(frozenset(t.items), t.metadata_version, t.metadata)
+                   for mid, t in result.members.items() if mid in g.members}
+        delay = result.scheduled_rebalance_delay_ms
+        assigned = {i for t in targets.values() for i in t.items}
+        kept = tuple(KeptFor(mid, instance_id, frozenset(items) & g.configured - assigned)
+                     for mid, (instance_id, items) in sorted(result.kept_for.items())
+                     if frozenset(items) & g.configured - assigned) if delay >= 0 else ()
+        self._write_targets(txn, g, g.epoch, result.error, result.assignor_state, delay,
+                            targets, now_ms, None, None, kept)
 
     def _validate_assignment(
         self, g: Group, comp: Computation, req: ConnectGroupInstallAssignmentRequest
@@ -2456,6 +2841,12 @@ class GroupCoordinator:
                                            until_ms=g.scheduled_rebalance_at_ms,
                                            items=assignment(items)))
         return tuple(out)
+
+
+def _join_error(member_id: str, code: int, message: str) -> dict[str, Any]:
+    return {"error_code": code, "error_message": message, "generation_id": -1,
+            "protocol_type": cc.PROTOCOL_TYPE, "protocol_name": None, "leader": "",
+            "skip_assignment": False, "member_id": member_id, "members": []}
 
 
 def _check_grant(cur: CurrentAssignment, item: Item, spec: ConnectorSpec, member_id: str) -> None:

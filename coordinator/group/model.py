@@ -115,6 +115,29 @@ class MemberMetadata:
     client_host: str
     rebalance_timeout_ms: int
     assignors: tuple[AssignorSpec, ...]
+    classic: ClassicMember | None = None
+    """A member of the classic protocol (JoinGroup/SyncGroup/Heartbeat/LeaveGroup): its
+    session timeout and protocols; None for a member of the new protocol."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicMember:
+    """What a classic member's latest JoinGroup said (record ``GroupMember``'s tagged fields)."""
+
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+    """(name, worker metadata) of the Connect protocols it offered, in its order of preference
+    (only the names this coordinator knows: sessioned, compatible, default)."""
+
+    @property
+    def protocol(self) -> str:
+        """The protocol it uses: its most preferred one (as Kafka's consumer groups answer a
+        classic member: its own first protocol, not a group-wide vote)."""
+        return self.protocols[0][0]
+
+    @property
+    def metadata(self) -> bytes:
+        return self.protocols[0][1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +345,11 @@ class SoftState:
         default_factory=dict
     )  # member -> item -> (state, error, trace) as last reported (Status): memory only,
     # never in records (a new coordinator learns them again from the workers' full heartbeats)
+    classic_join_deadline: dict[str, int] = field(default_factory=dict)
+    """Classic member -> when it is fenced unless it rejoins (armed when it is told
+    REBALANCE_IN_PROGRESS: its rebalance timeout)."""
+    classic_sync_deadline: dict[str, int] = field(default_factory=dict)
+    """Classic member -> when it is fenced unless it sends SyncGroup (armed by its JoinGroup)."""
     rebalance_started: tuple[int, int] | None = None
     """(wall-clock ms, group epoch) of the bump that started the rebalance in progress; None
     while the group is Stable or Empty (for the ``rebalance completed`` event's duration)."""
@@ -361,6 +389,8 @@ class Group:
     owner: dict[Item, str] = field(default_factory=dict)  # item -> member owning it (current)
     target_owner: dict[Item, str] = field(default_factory=dict)  # item -> member (target)
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    classic_members: dict[str, None] = field(default_factory=dict)  # members of the classic
+    # protocol (JoinGroup/SyncGroup/Heartbeat)
     unreconciled: set[str] = field(default_factory=set)
     configured: set[Item] = field(default_factory=set)
     assignors: AssignorIndex = field(default_factory=AssignorIndex)
@@ -396,6 +426,7 @@ class Group:
             "owner": dict(self.owner),
             "target_owner": dict(self.target_owner),
             "static_members": dict(self.static_members),
+            "classic_members": dict(self.classic_members),
             "unreconciled": set(self.unreconciled),
             "configured": set(self.configured),
         }

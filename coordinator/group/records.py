@@ -41,6 +41,7 @@ from connect_wire.records import target_assignment_metadata_value_v0 as _tmeta
 
 from .model import (
     AssignorSpec,
+    ClassicMember,
     ConnectorSpec,
     CurrentAssignment,
     Item,
@@ -112,6 +113,11 @@ def group_member(group_id: str, m: MemberMetadata) -> Record:
                 )
                 for a in m.assignors
             ),
+            **({} if m.classic is None else {
+                "classic_session_timeout_ms": m.classic.session_timeout_ms,
+                "classic_protocols": tuple(_gm.ClassicProtocol(name=n, metadata=b)
+                                           for n, b in m.classic.protocols),
+            }),
         ),
     )
 
@@ -306,6 +312,9 @@ def member_from(member_id: str, value: GroupMemberValue) -> MemberMetadata:
             )
             for a in value.client_assignors
         ),
+        classic=None if value.classic_session_timeout_ms < 0 or not value.classic_protocols
+        else ClassicMember(value.classic_session_timeout_ms,
+                           tuple((p.name, p.metadata) for p in value.classic_protocols)),
     )
 
 

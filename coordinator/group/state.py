@@ -250,9 +250,14 @@ class CoordinatorState:
                 del g.static_members[old.instance_id]
         if m is None:
             g.members.pop(member_id, None)
+            g.classic_members.pop(member_id, None)
             g.unreconciled.discard(member_id)
             return
         g.members[member_id] = m
+        if m.classic is not None:
+            g.classic_members[member_id] = None
+        else:
+            g.classic_members.pop(member_id, None)
         g.assignors.add(m)
         if m.instance_id is not None:
             g.static_members[m.instance_id] = member_id

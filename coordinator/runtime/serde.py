@@ -336,7 +336,7 @@ _new_current = _fast_constructor(CurrentAssignment, (
 _new_target = _fast_constructor(TargetMember, ("items", "metadata_version", "metadata_bytes"))
 _new_member = _fast_constructor(MemberMetadata, (
     "member_id", "instance_id", "worker_url", "client_id", "client_host", "rebalance_timeout_ms",
-    "assignors"))
+    "assignors", "classic"))
 _new_tuple = tuple.__new__
 
 
@@ -377,6 +377,8 @@ _EXPECTED = {
             ("metadata_version", "int16", "int"),
             ("metadata_bytes", "bytes", "bytes"),
         )),
+        ("tagged", "classic_session_timeout_ms"),
+        ("tagged", "classic_protocols"),
     ),
     (4, 0): (True, *_ITEMS, ("metadata_version", "int16", "int"), ("metadata_bytes", "bytes", "bytes")),
     (5, 0): (
@@ -743,7 +745,8 @@ class _Loader:
                 assignors = self.assignors[tail] = _assignors(value, pos)
         except Exception:
             return rec.member_from(member_id, decode_value(3, value))
-        return _new_member(member_id, instance_id, worker_url, client_id, client_host, timeout, assignors)
+        return _new_member(member_id, instance_id, worker_url, client_id, client_host, timeout,
+                           assignors, None)
 
     @staticmethod
     def target_metadata(value: bytes) -> tuple[int, int, bytes, int, tuple[Any, ...]]:

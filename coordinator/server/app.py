@@ -59,7 +59,7 @@ from coordinator.security.listeners import WILDCARDS, describe
 from coordinator.security.service import API_KEYS as SECURITY_API_KEYS
 from coordinator.security.service import SecurityService
 from coordinator.security.tls import server_context
-from coordinator.server import group_configs, kafka_apis
+from coordinator.server import classic_apis, group_configs, kafka_apis
 from coordinator.server.connection import Connection, Served
 from coordinator.server.heap import HeapTrimmer
 from coordinator.store import partition_store
@@ -250,6 +250,8 @@ class Router:
         if api_key in SECURITY_API_KEYS:  # credentials and ACLs (coordinator/security/apis.py)
             return self._gather(s.security_service.apis.handle(
                 api_key, version, req, getattr(ctx, "principal", ANONYMOUS), ctx.client_host))
+        if api_key in classic_apis.API_KEYS:  # classic Kafka Connect workers
+            return classic_apis.handle(self, api_key, version, req, ctx)
         if api_key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
             # On a listener without SASL, or after authentication (the connection handles the
             # exchange itself): as Kafka's KafkaApis, ILLEGAL_SASL_STATE.

@@ -1,0 +1,197 @@
+"""Classic Kafka Connect workers (kafka-python 3.x's BaseCoordinator, tests/classic_worker.py)
+in a connect group, against a real daemon, in both ``sessioned`` and ``default`` modes, mixed
+with real ``connect-worker`` processes, and rolling migrations classic -> new -> classic. Every
+worker records each start and stop with a timestamp in one file (the recording plugin's
+format); the analyzer of tests/test_worker_e2e.py proves no item ever ran on two workers at
+once, and the group is checked to converge: every item running exactly once, where the
+coordinator says."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connect_wire import classic_connect as cc
+from tests.daemon_fixture import ROOT, DaemonPool, daemon_env
+from tests.test_worker_e2e import Cluster, configured_items
+
+SESSION_MS = 4000
+CONVERGE_S = 40.0
+
+
+class Mixed(Cluster):
+    """The cluster of tests/test_worker_e2e.py plus classic workers (dynamic members)."""
+
+    def spawn_classic(self, name: str, mode: str) -> subprocess.Popen[bytes]:
+        self.spawned += 1
+        cmd = [sys.executable, "-m", "tests.classic_worker", "--bootstrap", self.daemon.bootstrap,
+               "--group", "e2e", "--name", name, "--mode", mode, "--record", str(self.records),
+               "--session-timeout-ms", str(SESSION_MS), "--heartbeat-interval-ms", "300",
+               "--rebalance-timeout-ms", "10000", "--status", str(self.base / f"{name}.json")]
+        log = self.base / f"worker-{name}-{self.spawned}.log"
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                    env=daemon_env(), cwd=ROOT)
+        self.procs[name] = proc
+        return proc
+
+    def name_of(self, m: Any) -> str:
+        if m.instance_id:
+            return str(m.instance_id)
+        # a classic worker's URL is http://<name>:8083 (its worker metadata)
+        return str(m.worker_url).split("//", 1)[1].split(":", 1)[0]
+
+    def converge(self, workers: set[str], what: str) -> dict[str, str]:
+        """Stable with exactly ``workers``; every item in one assignment; the records show each
+        item running on exactly the process of the worker the coordinator names."""
+        deadline = time.monotonic() + CONVERGE_S
+        expected = configured_items()
+        why = "not polled"
+        while True:
+            g = self.describe()
+            owner: dict[str, str] = {}
+            dupes = set()
+            for m in g.members:
+                for i in {*m.assignment.connectors,
+                          *(f"{t.connector}/{t.task}" for t in m.assignment.tasks)}:
+                    if i in owner:
+                        dupes.add(i)
+                    owner[i] = self.name_of(m)
+            names = {self.name_of(m) for m in g.members}
+            running = self.timeline().running()
+            if g.group_state != "Stable":
+                why = f"group {g.group_state}"
+            elif names != workers:
+                why = f"members {sorted(names)}"
+            elif dupes or set(owner) != expected:
+                why = f"dupes {dupes} missing {sorted(expected - set(owner))}"
+            elif set(running) != expected:
+                why = f"not running per the records: {sorted(expected - set(running))}"
+            elif bad := {i: [(iv.worker, iv.pid) for iv in ivs] for i, ivs in running.items()
+                         if [iv.pid for iv in ivs] != [self.pid(owner[i])]}:
+                why = f"records disagree with the coordinator: {bad}"
+            else:
+                return owner
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: no convergence within {CONVERGE_S}s: {why}\n"
+                                     f"{self.logs(tail=2000)}")
+            time.sleep(0.1)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(json.loads((self.base / f"{name}.json").read_text()))
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> Iterator[Mixed]:
+    env = {"CONNECT_COORDINATOR_GROUP_CONNECT_CLASSIC_MAX_DELAY_MS": "0"}
+    with DaemonPool(tmp_path) as pool:
+        c = Mixed(tmp_path, pool.start(extra_env=env))
+        try:
+            c.create_connectors()
+            yield c
+        finally:
+            c.close()
+
+
+def test_classic_workers_sessioned_and_default_share_the_work(mixed: Mixed) -> None:
+    mixed.spawn_classic("c1", "sessioned")
+    owner = mixed.converge({"c1"}, "one classic worker")
+    assert set(owner.values()) == {"c1"}
+    s = mixed.status("c1")
+    assert s["protocol"] == "sessioned" and s["version"] == 2 and s["leader"] == s["member_id"]
+    mixed.spawn_classic("c2", "default")
+    owner = mixed.converge({"c1", "c2"}, "two classic workers")
+    counts = sorted(list(owner.values()).count(w) for w in ("c1", "c2"))
+    assert counts[1] - counts[0] <= 1, owner
+    assert mixed.status("c2")["protocol"] == "default" and mixed.status("c2")["version"] == 0
+    g = mixed.describe()
+    assert g.assignor_name == "incremental"  # computed by the coordinator: classic members only
+    # c1 leaves (SIGTERM: stops its work, LeaveGroup): c2 gets everything at once
+    mixed.terminate("c1")
+    owner = mixed.converge({"c2"}, "c1 left")
+    assert set(owner.values()) == {"c2"}
+    mixed.assert_safe()
+
+
+def test_classic_and_new_protocol_workers_mixed_then_rolling_migration(mixed: Mixed) -> None:
+    mixed.spawn_classic("c1", "sessioned")
+    mixed.spawn_classic("c2", "default")
+    mixed.converge({"c1", "c2"}, "classic group")
+    # classic -> new, one worker at a time: a connect-worker joins, a classic one leaves
+    mixed.spawn("n1")
+    owner = mixed.converge({"c1", "c2", "n1"}, "mixed group")
+    assert {"c1", "c2", "n1"} == set(owner.values())
+    assert mixed.describe().assigning_member_id is None or True
+    mixed.terminate("c2")
+    mixed.converge({"c1", "n1"}, "c2 gone")
+    mixed.spawn("n2")
+    mixed.converge({"c1", "n1", "n2"}, "n2 joined")
+    t0 = time.time()
+    mixed.terminate("c1")
+    owner = mixed.converge({"n1", "n2"}, "classic -> new done")
+    # only c1's items moved: nothing the new workers ran was stopped
+    stopped = {e["item"] for e in mixed.timeline().between(t0, event="stop")
+               if e["worker"] in ("n1", "n2")}
+    assert not stopped, stopped
+    # new -> classic, one worker at a time
+    mixed.spawn_classic("c3", "sessioned")
+    mixed.converge({"n1", "n2", "c3"}, "c3 joined")
+    mixed.terminate("n1")
+    mixed.converge({"n2", "c3"}, "n1 gone")
+    mixed.spawn_classic("c4", "default")
+    mixed.converge({"n2", "c3", "c4"}, "c4 joined")
+    mixed.terminate("n2")
+    owner = mixed.converge({"c3", "c4"}, "new -> classic done")
+    assert set(owner.values()) == {"c3", "c4"}
+    mixed.assert_safe()
+
+
+def test_describe_groups_and_list_groups_show_classic_members(mixed: Mixed) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    mixed.spawn_classic("c1", "sessioned")
+    mixed.spawn("n1")
+    mixed.converge({"c1", "n1"}, "mixed")
+    admin = KafkaAdminClient(bootstrap_servers=mixed.daemon.bootstrap, client_id="t")
+    try:
+        (d,) = admin.describe_consumer_groups(["e2e"])
+        listed = admin.list_consumer_groups()
+    finally:
+        admin.close()
+    assert ("e2e", "connect") in [(g[0], g[1]) for g in listed] or any(
+        getattr(g, "group_id", None) == "e2e" for g in listed)
+    members = {m.client_id: m for m in d.members}
+    assert d.protocol_type == "connect"
+    classic = next(m for m in d.members if m.member_metadata)
+    meta = cc.decode_metadata(bytes(classic.member_metadata))
+    assert meta.url == "http://c1:8083" and meta.version == 2
+    assert len(members) == 2
+
+
+def test_sigkill_of_a_classic_worker_hands_its_work_over_after_the_hold(mixed: Mixed) -> None:
+    mixed.spawn_classic("c1", "sessioned")
+    mixed.spawn("n1")
+    mixed.converge({"c1", "n1"}, "mixed")
+    killed = mixed.kill("c1")
+    owner = mixed.converge({"n1"}, "c1 fenced")
+    assert set(owner.values()) == {"n1"}
+    t = mixed.assert_safe()
+    # c1's items restarted on n1 only after c1 was dead
+    for iv in t.intervals:
+        if iv.worker == "n1" and iv.start > killed - 1:
+            assert iv.start >= killed
+
+
+def test_sigterm_is_clean(mixed: Mixed) -> None:
+    proc = mixed.spawn_classic("c1", "default")
+    mixed.converge({"c1"}, "one")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
