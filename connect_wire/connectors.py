@@ -115,6 +115,10 @@ def group_dict(g: Any) -> dict[str, Any]:
         "heartbeat_interval_ms": g.heartbeat_interval_ms if g.heartbeat_interval_ms >= 0 else None,
         "session_timeout_ms": g.session_timeout_ms if g.session_timeout_ms >= 0 else None,
         "members": [{"member_id": m.member_id, "instance_id": m.instance_id,
+                     # which protocol the member speaks: "classic" (JoinGroup/SyncGroup/
+                     # Heartbeat, with the Connect protocol it uses) or "new"
+                     "protocol": "new" if m.classic_protocol is None else "classic",
+                     "classic_protocol": m.classic_protocol,
                      "last_heartbeat_ms_ago": last_heartbeat_ms_ago(m),
                      "heartbeat_overdue": heartbeat_overdue(g, m),
                      "worker_url": m.worker_url, "client_id": m.client_id,

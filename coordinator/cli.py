@@ -672,12 +672,14 @@ def _write_group(out: Any, g: dict[str, Any]) -> None:
         out.write(_table([[c["name"], _tasks_text(c["running_tasks"], c["tasks"])]
                           for c in g["connectors"]], ["CONNECTOR", "TASKS"]) + "\n")
     if g["members"]:
-        out.write(_table([[m["member_id"], text(m["instance_id"]), m["epoch"], m["state"],
+        out.write(_table([[m["member_id"], text(m["instance_id"]),
+                           "new" if m["protocol"] == "new" else f"classic:{m['classic_protocol']}",
+                           m["epoch"], m["state"],
                            _heartbeat_text(m["last_heartbeat_ms_ago"], m["heartbeat_overdue"]),
                            " ".join(m["assignment"]) or "-", " ".join(m["revoking"]) or "-",
                            " ".join(m["target"]) or "-"] for m in g["members"]],
-                         ["MEMBER", "INSTANCE", "EPOCH", "STATE", "LAST HEARTBEAT", "ASSIGNED",
-                          "REVOKING", "TARGET"]) + "\n")
+                         ["MEMBER", "INSTANCE", "PROTOCOL", "EPOCH", "STATE", "LAST HEARTBEAT",
+                          "ASSIGNED", "REVOKING", "TARGET"]) + "\n")
     else:
         out.write("  no members\n")
     tokens = [[m["member_id"], item, token] for m in g["members"]

@@ -262,9 +262,10 @@ def test_describe_text_shows_holds_and_never_none() -> None:
     assert "None" not in text and "RUNNING" not in text
     assert "assignor=-  computing=-" in text and "NO_ASSIGNOR_COVERS_GROUP: -" in text
     header, row = text.splitlines()[2:4]
-    assert header.split() == ["MEMBER", "INSTANCE", "EPOCH", "STATE", "LAST", "HEARTBEAT",
-                              "ASSIGNED", "REVOKING", "TARGET"]
-    assert row.split() == ["m-1", "-", "4", "UnrevokedItems", "-", "orders", "orders/0", "-"]
+    assert header.split() == ["MEMBER", "INSTANCE", "PROTOCOL", "EPOCH", "STATE", "LAST",
+                              "HEARTBEAT", "ASSIGNED", "REVOKING", "TARGET"]
+    assert row.split() == ["m-1", "-", "new", "4", "UnrevokedItems", "-", "orders", "orders/0",
+                           "-"]
     held = text.splitlines()[text.splitlines().index(
         "HELD FOR FENCED MEMBERS (nobody runs these until the hold ends):") + 2]
     assert held.split()[:2] == ["m-2", "w2"] and held.split()[-2:] == ["orders", "orders/1"]

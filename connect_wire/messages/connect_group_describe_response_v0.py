@@ -148,6 +148,10 @@ class Member:
     "The fencing token of each item the member owns."
     last_heartbeat_ms_ago: int = field(metadata={'kafka_type': 'int64', 'tag': 4}, default=-1)
     "How many milliseconds before this answer the coordinator last received a heartbeat from the member, by its wall clock; -1 if unknown (none since the coordinator loaded the group)."
+    classic_protocol: str | None = field(metadata={'kafka_type': 'string', 'tag': 10}, default=None)
+    "A member of the classic protocol (JoinGroup/SyncGroup/Heartbeat): the Connect protocol it uses (sessioned, compatible or default); null for a member of the new protocol."
+    classic_metadata: bytes | None = field(metadata={'kafka_type': 'bytes', 'tag': 11}, default=None)
+    "A member of the classic protocol: its worker metadata for that protocol (Kafka Connect's encoding); null for a member of the new protocol."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2796,6 +2796,8 @@ class GroupCoordinator:
                 fencing_tokens=rec.item_tokens(_desc.ItemToken, cur.tokens),
                 last_heartbeat_ms_ago=(max(0, now_ms - last)
                                        if last is not None and now_ms >= 0 else -1),
+                classic_protocol=m.classic.protocol if m.classic is not None else None,
+                classic_metadata=m.classic.metadata if m.classic is not None else None,
             ))
         # Holds: what fenced members (no longer members) still own until their stop budget ran
         # out (describe did not show who holds what, or until when).

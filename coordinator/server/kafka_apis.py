@@ -19,9 +19,10 @@ from typing import Any, get_args, get_origin
 from kio.schema.errors import ErrorCode as KioErrorCode
 from kio.static.primitive import i32Timedelta, i64Timedelta
 
-from connect_wire import codec
+from connect_wire import classic_connect, codec
 from connect_wire.apis import APIS
 from connect_wire.errors import ErrorCode
+from connect_wire.items import Item
 
 CLUSTER_ID = "connect-coordinator"
 NODE_ID = 0
@@ -427,6 +428,23 @@ def describe_groups_refused(cls: type) -> Callable[[str], Any]:
          "authorized_operations": -2147483648}]})
 
 
+def _classic_member(m: Any) -> dict[str, bytes]:
+    """A classic member's metadata (its worker metadata for the Connect protocol it uses) and
+    assignment (its whole current assignment in that protocol's version), as Kafka describes a
+    classic member; empty for a member of the new protocol."""
+    protocol = getattr(m, "classic_protocol", None)
+    if protocol is None:
+        return {"member_metadata": b"", "member_assignment": b""}
+    version = classic_connect.PROTOCOL_VERSIONS.get(protocol, 0)
+    items = frozenset(Item(c, -1) for c in m.assignment.connectors) | frozenset(
+        Item(t.connector, t.task) for t in m.assignment.tasks)
+    assignment = classic_connect.Assignment(
+        version, classic_connect.NO_ERROR, "", "", 0, classic_connect.entries_of(items),
+        () if version else None)
+    return {"member_metadata": m.classic_metadata or b"",
+            "member_assignment": classic_connect.encode_assignment(assignment)}
+
+
 def describe_groups(cls: type, described: list[Any]) -> Any:
     """``described``: ConnectGroupDescribeResponse.DescribedGroup values (or None: unknown)."""
     groups = []
@@ -450,7 +468,7 @@ def describe_groups(cls: type, described: list[Any]) -> Any:
             "members": [
                 {"member_id": m.member_id, "group_instance_id": m.instance_id,
                  "client_id": m.client_id, "client_host": m.client_host,
-                 "member_metadata": b"", "member_assignment": b""}
+                 **_classic_member(m)}
                 for m in d.members
             ],
             "authorized_operations": -2147483648,
