@@ -206,14 +206,15 @@ def test_sigkill_of_a_classic_worker_hands_its_work_over_after_the_hold(mixed: M
     mixed.spawn_classic("c1", "sessioned")
     mixed.spawn("n1")
     mixed.converge({"c1", "n1"}, "mixed")
+    had = {i for i, ivs in mixed.timeline().running().items() for iv in ivs if iv.worker == "c1"}
+    assert had
     killed = mixed.kill("c1")
     owner = mixed.converge({"n1"}, "c1 fenced")
     assert set(owner.values()) == {"n1"}
-    t = mixed.assert_safe()
-    # c1's items restarted on n1 only after c1 was dead
-    for iv in t.intervals:
-        if iv.worker == "n1" and iv.start > killed - 1:
-            assert iv.start >= killed
+    t = mixed.assert_safe()  # (c1's intervals end at its kill)
+    # what c1 ran started on n1 only after c1 was dead (and its session and hold ran out)
+    moved = [iv for iv in t.intervals if iv.worker == "n1" and iv.item in had]
+    assert {iv.item for iv in moved} == had and all(iv.start >= killed for iv in moved)
 
 
 def test_sigterm_is_clean(mixed: Mixed) -> None:
