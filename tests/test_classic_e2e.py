@@ -222,3 +222,36 @@ def test_sigterm_is_clean(mixed: Mixed) -> None:
     mixed.converge({"c1"}, "one")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
+
+
+def test_classic_members_survive_a_coordinator_restart(tmp_path: Path) -> None:
+    from tests.test_worker_e2e import _free_port
+
+    port = _free_port()
+    env = {"CONNECT_COORDINATOR_GROUP_CONNECT_CLASSIC_MAX_DELAY_MS": "0"}
+    args = ["--listen", f"127.0.0.1:{port}"]
+    with DaemonPool(tmp_path) as pool:
+        c = Mixed(tmp_path, pool.start(tmp_path / "data", extra_env=env, extra_args=args))
+        try:
+            c.create_connectors()
+            c.spawn_classic("c1", "sessioned")
+            c.spawn_classic("c2", "default")
+            owner = c.converge({"c1", "c2"}, "classic group")
+            before = {m.member_id: (m.member_epoch, m.classic_protocol) for m in c.describe().members}
+            t0 = time.time()
+            assert c.daemon.stop() == 0
+            c.daemon = pool.start(tmp_path / "data", extra_env=env, extra_args=args)
+            after = c.converge({"c1", "c2"}, "after the restart")
+            # the same members, epochs and protocols: nobody had to rejoin, nothing moved
+            assert {m.member_id: (m.member_epoch, m.classic_protocol)
+                    for m in c.describe().members} == before
+            assert after == owner
+            # and they go on heartbeating to the new process past their session timeout
+            time.sleep(SESSION_MS / 1000 * 1.5)
+            assert c.converge({"c1", "c2"}, "a session later") == owner
+            assert {m.member_id: (m.member_epoch, m.classic_protocol)
+                    for m in c.describe().members} == before
+            assert not c.timeline().between(t0, event="stop")
+            c.assert_safe()
+        finally:
+            c.close()

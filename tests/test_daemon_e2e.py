@@ -1118,7 +1118,7 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
     text = cli("groups", "describe", "g", *b)
     assert "GROUP g  state=Stable  epoch=1  assignment-epoch=1  assignor=incremental" in text
     assert f"coordinator: node {g['coordinator']['node_id']} at {d.host}:{d.port}" in text
-    assert any(line.split()[:4] == ["W1", "-", "1", "Stable"] for line in text.splitlines())
+    assert any(line.split()[:5] == ["W1", "-", "new", "1", "Stable"] for line in text.splitlines())
 
     # Errors from the coordinator: the protocol error name, exit 1.
     err = cli("connectors", "create", "--group", "g", "bad/name", "--tasks", "1",
