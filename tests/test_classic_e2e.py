@@ -30,12 +30,14 @@ CONVERGE_S = 40.0
 class Mixed(Cluster):
     """The cluster of tests/test_worker_e2e.py plus classic workers (dynamic members)."""
 
-    def spawn_classic(self, name: str, mode: str) -> subprocess.Popen[bytes]:
+    def spawn_classic(self, name: str, mode: str,
+                      instance_id: str | None = None) -> subprocess.Popen[bytes]:
         self.spawned += 1
         cmd = [sys.executable, "-m", "tests.classic_worker", "--bootstrap", self.daemon.bootstrap,
                "--group", "e2e", "--name", name, "--mode", mode, "--record", str(self.records),
                "--session-timeout-ms", str(SESSION_MS), "--heartbeat-interval-ms", "300",
-               "--rebalance-timeout-ms", "10000", "--status", str(self.base / f"{name}.json")]
+               "--rebalance-timeout-ms", "10000", "--status", str(self.base / f"{name}.json"),
+               *(["--instance-id", instance_id] if instance_id else [])]
         log = self.base / f"worker-{name}-{self.spawned}.log"
         with open(log, "wb") as err:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
@@ -132,7 +134,6 @@ def test_classic_and_new_protocol_workers_mixed_then_rolling_migration(mixed: Mi
     mixed.spawn("n1")
     owner = mixed.converge({"c1", "c2", "n1"}, "mixed group")
     assert {"c1", "c2", "n1"} == set(owner.values())
-    assert mixed.describe().assigning_member_id is None or True
     mixed.terminate("c2")
     mixed.converge({"c1", "n1"}, "c2 gone")
     mixed.spawn("n2")
@@ -255,3 +256,28 @@ def test_classic_members_survive_a_coordinator_restart(tmp_path: Path) -> None:
             c.assert_safe()
         finally:
             c.close()
+
+
+def test_static_members_replaced_across_protocols(mixed: Mixed) -> None:
+    """A new process with a static member's instance id replaces it, whatever protocol either
+    speaks: classic -> new (the classic one was killed: classic static members never leave)
+    and new -> classic (the connect-worker left statically with SIGTERM)."""
+    mixed.spawn_classic("s1", "sessioned", instance_id="s1")
+    mixed.spawn("s2")
+    owner = mixed.converge({"s1", "s2"}, "two static members")
+    classic_items = {i for i, w in owner.items() if w == "s1"}
+    killed = mixed.kill("s1")
+    mixed.spawn("s1")  # a connect-worker with the instance id: replaces the classic member
+    owner = mixed.converge({"s1", "s2"}, "s1 replaced by a new-protocol process")
+    g = mixed.describe()
+    assert {m.instance_id: m.classic_protocol for m in g.members} == {"s1": None, "s2": None}
+    assert {i for i, w in owner.items() if w == "s1"} == classic_items  # it took over the work
+    t = mixed.assert_safe()
+    assert all(iv.start >= killed for iv in t.intervals
+               if iv.item in classic_items and iv.pid == mixed.pid("s1"))
+    mixed.terminate("s2")  # a static leave: s2's items wait for its instance
+    mixed.spawn_classic("s2", "default", instance_id="s2")
+    owner = mixed.converge({"s1", "s2"}, "s2 replaced by a classic process")
+    g = mixed.describe()
+    assert {m.instance_id: m.classic_protocol for m in g.members} == {"s1": None, "s2": "default"}
+    mixed.assert_safe()
