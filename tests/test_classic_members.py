@@ -378,7 +378,7 @@ def test_new_protocol_heartbeat_for_a_classic_member_is_refused_without_fencing(
     w = h.join_classic()
     h.csync(w)
     before = h.state.snapshot()
-    r = h.heartbeat(w, h.generation[w])
+    r = h.heartbeat(w, h.generation[w])  # (an epoch of 0 would be a join: a switch)
     assert r.error_code == E.UNKNOWN_MEMBER_ID and h.state.snapshot() == before
 
 
@@ -400,3 +400,32 @@ def test_classic_members_survive_a_reload_through_the_fast_loader() -> None:
     res = core.on_loaded(1_000)
     assert any(t.key == ("session", "g", w) and t.deadline_ms == 1_000 + SESSION_MS
                for t in res.timers)
+
+
+def test_classic_process_replacing_a_live_new_protocol_static_member_waits_for_its_hold() -> None:
+    h = Classic()
+    h.alter({"A": 1})
+    r = h.join(instance_id="i1")
+    old = r.member_id
+    h.compute({old: ["A", "A/0"]})
+    h.join(old, instance_id="i1")  # (still at epoch 0: a join's full fields)
+    h.heartbeat(old, h.group().current[old].epoch, owned=["A", "A/0"])
+    assert h.current(old)[1] == ["A", "A/0"]
+    # a classic process of the instance joins while the old worker still runs A and A/0
+    r2 = h.cjoin("", instance_id="i1")
+    assert r2["error_code"] == 0
+    new = r2["member_id"]
+    g = h.group()
+    assert old not in g.members and g.current[old].epoch == -3  # a hold: nobody runs them yet
+    assert h.target(new) == ["A", "A/0"] and h.current(new)[1] == []
+    assert any(e.event == "member fenced" and e.fields["reason"] == "replaced" for e in h.events)
+    h.csync(new)
+    assert h.runs[new] == frozenset()
+    for _ in range(40):  # the hold ends (the old worker's session plus its stop budget)
+        h.advance(1_000)
+        h.cbeat(new)
+        if old not in h.group().current:
+            break
+    assert old not in h.group().current
+    h.settle(new)
+    assert names(h.runs[new]) == ["A", "A/0"]

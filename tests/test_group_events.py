@@ -149,7 +149,7 @@ def test_a_member_that_does_not_revoke_in_time_is_fenced() -> None:
     assert (fenced["reason"], fenced["member_id"], fenced["revoking"],
             fenced["rebalance_timeout_ms"]) == ("rebalance_timeout", "W1", 2, 5_000)
     assert set(FENCE_REASONS) == {"session_expired", "stale_member_epoch", "rebalance_timeout",
-                                  "classic_join_timeout", "classic_sync_timeout"}
+                                  "classic_join_timeout", "classic_sync_timeout", "replaced"}
 
 
 def test_leaves_dynamic_and_static() -> None:

@@ -156,11 +156,11 @@ SCHEDULED = "scheduled"
 EXPIRE = "expire"
 HOLD = "hold"
 OFFSETS = "offsets"
+"""Tombstone the next batch of a group's garbage offsets (deleted connectors'): group-level."""
 CLASSIC_JOIN = "classic_join"
 """A classic member told to rejoin that has not: fenced at its rebalance timeout."""
 CLASSIC_SYNC = "classic_sync"
 """A classic member that joined and has not sent SyncGroup: fenced at its rebalance timeout."""
-"""Tombstone the next batch of a group's garbage offsets (deleted connectors'): group-level."""
 OFFSET_DELETE_BATCH = 100
 """Most offset tombstones one write carries (below etcd's default of 128 operations per
 transaction; ``max_batch_records`` may lower it)."""
@@ -210,7 +210,7 @@ class GroupEvent(NamedTuple):
 
 
 FENCE_REASONS = ("session_expired", "stale_member_epoch", "rebalance_timeout",
-                 "classic_join_timeout", "classic_sync_timeout")
+                 "classic_join_timeout", "classic_sync_timeout", "replaced")
 """``member fenced`` events' ``reason`` (and the fence counter's label): the coordinator removed
 the member. A member that leaves itself is ``member left``."""
 NAMES_LOGGED = 20
@@ -648,11 +648,8 @@ class GroupCoordinator:
             soft = g.soft
             soft.computation = None
             soft.selection_epoch = -1
-            session_ms, _ = self.config.for_group(g.configs)
             for mid, m in g.members.items():
-                self._touch_session(txn, g, mid, now_ms,
-                                    session_ms if m.classic is None
-                                    else m.classic.session_timeout_ms)
+                self._touch_session(txn, g, mid, now_ms, self._session_ms(g, m))
                 cur = g.current.get(mid)
                 if cur is not None and cur.state == MemberState.UNREVOKED_ITEMS:
                     self._arm_rebalance_timer(txn, g, mid, cur.epoch, now_ms)
@@ -1053,22 +1050,33 @@ class GroupCoordinator:
     def _take_over(self, txn: _Txn, g: Group, old_id: str, meta: MemberMetadata,
                    now_ms: int) -> None:
         """A new classic process of a static instance replaces the member holding it: the
-        target and what it held move to the new member id, at epoch 0 (new fencing tokens)."""
+        target moves to the new member id, at epoch 0 (new fencing tokens), and so does what
+        the old member held when it cannot be running it any more: it was classic (a classic
+        static member never leaves, a new process of its instance is its restart, as Kafka) or
+        it left statically (-2: it stopped everything). A live member of the new protocol
+        replaced so is fenced: its items are held until it must have stopped them (it learns
+        of the fence at its next heartbeat), then given to the new process."""
         old_cur = g.current[old_id]
         old_target = g.target.get(old_id)
         old_meta = g.members[old_id]
-        self._remove_records(txn, g, old_id)
+        live = old_meta.classic is None and old_cur.epoch != -2
+        hold_until = self._hold_for(g, old_id, now_ms) if live else None
+        if live:
+            self._event(txn, g, "member fenced", old_id, reason="replaced",
+                        owned=len(old_cur.owned), replaced_by=meta.member_id)
+        self._remove_records(txn, g, old_id, hold_until, now_ms)
         txn.write(rec.group_member(g.group_id, meta))
         if old_target is not None:
             txn.write(rec.target_member(g.group_id, meta.member_id, old_target))
+        taken = EMPTY if live else old_cur.assigned
         txn.write(rec.current_assignment(g.group_id, meta.member_id, self._tokened(
-            txn, g, None, CurrentAssignment(0, 0, MemberState.STABLE, old_cur.assigned, EMPTY,
+            txn, g, None, CurrentAssignment(0, 0, MemberState.STABLE, taken, EMPTY,
                                             old_cur.metadata_version, old_cur.metadata_bytes),
             now_ms)))
         self._forget_member(txn, g, old_id)
         self._event(txn, g, "member joined", meta.member_id, replaced_member_id=old_id,
                     protocol=meta.classic.protocol if meta.classic else None,
-                    took_over=len(old_cur.assigned))
+                    took_over=len(taken))
         comp = g.soft.computation
         if comp is not None and comp.member_id == old_id:
             self._cancel_computation(txn, g)
