@@ -44,7 +44,8 @@ class Classic(Harness):
             first = protocols[0] if protocols else "default"
             if cc.PROTOCOL_VERSIONS.get(first) == 0:
                 running = frozenset()  # eager: everything stopped before rejoining
-                self.runs[member_id] = running
+                if member_id:
+                    self.runs[member_id] = running
             allocation = cc.encode_assignment(cc.Assignment(
                 2, 0, "", "", 0, cc.entries_of(running), ())) if running else None
             raw = tuple((p, cc.encode_metadata(cc.WorkerMetadata(
