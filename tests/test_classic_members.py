@@ -430,3 +430,22 @@ def test_classic_process_replacing_a_live_new_protocol_static_member_waits_for_i
     assert old not in h.group().current
     h.settle(new)
     assert names(h.runs[new]) == ["A", "A/0"]
+
+
+def test_classic_members_never_wait_for_a_new_protocol_member_that_cannot_compute() -> None:
+    h = Classic()
+    h.alter({"A": 1})
+    w = h.join_classic()
+    h.csync(w)
+    new = h.join(instance_id="n").member_id  # it is chosen to compute ...
+    assert h.assigner() == new
+    assert h.heartbeat(new, -2, instance_id="n").error_code == 0  # ... and leaves (-2) first
+    h.alter({"A": 1, "B": 1})
+    g = h.group()
+    assert g.epoch == g.assignment_epoch  # the coordinator computed itself
+    # (the static member's share waits for it until its session ends, then moves)
+    for _ in range(12):
+        h.advance(1_000)
+        h.settle(w)
+    assert new not in h.group().members
+    assert names(h.runs[w]) == ["A", "A/0", "B", "B/0"]
