@@ -796,6 +796,8 @@ def test_api_table_matches_protocol() -> None:
     # Group configs: DescribeConfigs v1-4 (Kafka 4 removed v0), IncrementalAlterConfigs v0-1.
     expected |= {32: (1, 4), 44: (0, 1)}
     expected |= {k: (0, 0) for k in range(10000, 10009)}
+    # The classic group APIs (classic Kafka Connect workers): the versions Kafka 4.0 serves.
+    expected |= {11: (2, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5)}
     assert {k: (a.min_version, a.max_version) for k, a in apis.APIS.items()} == expected
     assert all(apis.response_class(18, v).__flexible__ == (v >= 3) for v in range(4))
 
