@@ -449,3 +449,10 @@ def test_classic_members_never_wait_for_a_new_protocol_member_that_cannot_comput
         h.settle(w)
     assert new not in h.group().members
     assert names(h.runs[w]) == ["A", "A/0", "B", "B/0"]
+
+
+def test_rebalance_timeout_above_the_bound_is_cut_not_refused() -> None:
+    h = Classic(GroupCoordinatorConfig(classic_max_delay_ms=0, max_rebalance_timeout_ms=15_000))
+    w = h.join_classic()  # (REBALANCE_MS = 20000)
+    assert h.group().members[w].rebalance_timeout_ms == 15_000
+    assert h.timers[(CLASSIC_SYNC, "g", w)] == h.now + 15_000

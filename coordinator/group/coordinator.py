@@ -948,10 +948,12 @@ class GroupCoordinator:
                           f"SessionTimeoutMs {req.session_timeout_ms} is outside "
                           f"[{config.min_session_timeout_ms}, {config.max_session_timeout_ms}] "
                           "(group.connect.min/max.session.timeout.ms).")
-        if not 0 < req.rebalance_timeout_ms <= config.max_rebalance_timeout_ms:
+        if req.rebalance_timeout_ms <= 0:
             raise _Reject(E.INVALID_REQUEST,
-                          f"RebalanceTimeoutMs {req.rebalance_timeout_ms} is outside "
-                          f"[1, {config.max_rebalance_timeout_ms}] ({MAX_REBALANCE_TIMEOUT}).")
+                          f"RebalanceTimeoutMs {req.rebalance_timeout_ms} must be positive.")
+        # A larger one is cut to the bound, not refused: a classic client cannot choose
+        # another (kafka-python sends its max.poll.interval.ms, 300000 by default).
+        rebalance_ms = min(req.rebalance_timeout_ms, config.max_rebalance_timeout_ms)
         try:
             protocols, metadata = cl.accept_protocols(req.protocol_type, req.protocols)
         except cl.Refused as exc:
@@ -979,7 +981,7 @@ class GroupCoordinator:
         meta = MemberMetadata(
             member_id=member_id, instance_id=req.instance_id, worker_url=metadata.url,
             client_id=ctx.client_id, client_host=ctx.client_host,
-            rebalance_timeout_ms=req.rebalance_timeout_ms, assignors=(), classic=classic)
+            rebalance_timeout_ms=rebalance_ms, assignors=(), classic=classic)
         existing = g.members.get(member_id) if g is not None else None
         holder = (g.static_members.get(req.instance_id)
                   if g is not None and req.instance_id is not None else None)
@@ -1017,7 +1019,7 @@ class GroupCoordinator:
                 self._write_current(txn, g, member_id, self._joining_assignment(
                     g, member_id, EMPTY, owned, NEW_MEMBER_ASSIGNMENT), now_ms)
                 self._event(txn, g, "member joined", member_id, protocol=classic.protocol,
-                            rebalance_timeout_ms=req.rebalance_timeout_ms,
+                            rebalance_timeout_ms=rebalance_ms,
                             session_timeout_ms=req.session_timeout_ms, client_id=ctx.client_id,
                             client_host=ctx.client_host, reports_running=len(owned))
                 self._bump(txn, g, now_ms, "member_joined", member_id)
