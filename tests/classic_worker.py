@@ -209,10 +209,19 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         max_poll_interval_ms=args.rebalance_timeout_ms,
         api_version=client._manager.broker_version)
+    log = logging.getLogger("classic_worker")
     while not stopping.is_set():
-        w.poll_heartbeat()
-        if w.need_rejoin() or w.coordinator_unknown():
-            w.ensure_active_group(timeout_ms=2000)
+        try:
+            w.poll_heartbeat()
+            if (w.need_rejoin() or w.coordinator_unknown()
+                    or w._heartbeat_loop_future is None):
+                w.ensure_active_group(timeout_ms=2000)
+        except Exception as exc:  # noqa: BLE001 (as a worker does: log, back off, retry;
+            # e.g. the heartbeat loop ended on a refused connection while the coordinator
+            # restarted: the next ensure_active_group respawns it)
+            log.warning("group membership error, retrying: %r", exc)
+            stopping.wait(0.2)
+            continue
         if args.status:
             status = {"member_id": w._generation.member_id,
                       "generation": w._generation.generation_id,
