@@ -456,3 +456,23 @@ def test_rebalance_timeout_above_the_bound_is_cut_not_refused() -> None:
     w = h.join_classic()  # (REBALANCE_MS = 20000)
     assert h.group().members[w].rebalance_timeout_ms == 15_000
     assert h.timers[(CLASSIC_SYNC, "g", w)] == h.now + 15_000
+
+
+def test_classic_members_heartbeat_age_in_describe() -> None:
+    """A classic member's JoinGroup, SyncGroup and Heartbeat each count as its last heartbeat in
+    the describe (operators see its age as they see a new-protocol member's)."""
+    h = Classic()
+    h.alter({"A": 1})
+    w = h.join_classic()
+    h.csync(w)
+
+    def age() -> int:
+        (g,) = h.describe().groups
+        (m,) = [m for m in g.members if m.member_id == w]
+        return int(m.last_heartbeat_ms_ago)
+
+    h.advance(1_500)
+    assert age() == 1_500
+    assert h.cbeat(w) == 0
+    h.advance(400)
+    assert age() == 400

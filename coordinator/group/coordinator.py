@@ -1040,6 +1040,7 @@ class GroupCoordinator:
         self._after(txn, g, now_ms)
         self._reconcile(txn, g, member_id, owned, now_ms)
         self._touch_session(txn, g, member_id, now_ms, req.session_timeout_ms)
+        g.soft.last_heartbeat[member_id] = now_ms
         self._arm_classic(txn, g, CLASSIC_JOIN, member_id, None)
         self._arm_classic(txn, g, CLASSIC_SYNC, member_id,
                           now_ms + self._rebalance_timeout(g.members[member_id]))
@@ -1101,6 +1102,7 @@ class GroupCoordinator:
                           f"ProtocolName {req.protocol_name!r} is not the member's protocol "
                           f"{m.classic.protocol!r}.")
         self._touch_session(txn, g, req.member_id, now_ms, m.classic.session_timeout_ms)
+        g.soft.last_heartbeat[req.member_id] = now_ms
         self._arm_classic(txn, g, CLASSIC_SYNC, req.member_id, None)
         if cur.epoch < g.assignment_epoch and cur.state != MemberState.UNREVOKED_ITEMS:
             self._arm_join_timer(txn, g, req.member_id, now_ms)
@@ -1123,6 +1125,7 @@ class GroupCoordinator:
             raise _Reject(E.ILLEGAL_GENERATION, f"GenerationId {req.generation_id} is not the "
                           f"member's generation {cur.epoch}: rejoin.")
         self._touch_session(txn, g, req.member_id, now_ms, m.classic.session_timeout_ms)
+        g.soft.last_heartbeat[req.member_id] = now_ms
         why = cl.must_rejoin(g, req.member_id, cur)
         if why is not None:
             self._arm_join_timer(txn, g, req.member_id, now_ms)
