@@ -599,6 +599,39 @@ def test_invalid_group_config_override(overrides: dict[str, str], message: str) 
     assert len(h.log) == before and h.group().configs == {}
 
 
+def test_overrides_clamped_by_narrowed_bounds_never_leave_session_at_or_below_interval() -> None:
+    # Stored overrides session 5 s / interval 4 s; the daemon restarts with
+    # group.connect.max.session.timeout.ms = 3 s. Clamping the session alone would give members a
+    # 3 s session and a 4 s interval: each fenced between two heartbeats, forever. The group gets
+    # the daemon's interval instead (it is below the clamped session).
+    h = Harness()
+    h.join("W1")
+    assert h.apply(h.coordinator.alter_group_config(
+        "g", {SESSION_TIMEOUT: "5000", HEARTBEAT_INTERVAL: "4000"}, h.now)) == (0, None)
+    narrowed = GroupCoordinatorConfig(session_timeout_ms=2_000, max_session_timeout_ms=3_000,
+                                      heartbeat_interval_ms=500)
+    assert narrowed.for_group(h.group().configs) == (3_000, 500)
+    restarted = Harness(narrowed)
+    restarted.coordinator = GroupCoordinator(narrowed, strict=True)
+    for record in h.log:
+        restarted.coordinator.replay(record)
+    restarted.log = list(h.log)
+    restarted.now = h.now
+    restarted._epochs = invariant_epochs(restarted.state)
+    restarted.apply(restarted.coordinator.on_loaded(restarted.now))
+    assert restarted.timers[("session", "g", "W1")] == h.now + 3_000
+    assert restarted.heartbeat("W1", 1).heartbeat_interval_ms == 500
+    # The daemon's interval is not below the clamped session either (session override 1.5 s,
+    # interval override 1 s, then group.connect.min.heartbeat.interval.ms = 2 s): the daemon's
+    # own pair, which its checks keep consistent.
+    tight = GroupCoordinatorConfig(min_heartbeat_interval_ms=2_000)
+    assert tight.for_group({SESSION_TIMEOUT: "1500", HEARTBEAT_INTERVAL: "1000"}) == (10_000,
+                                                                                      3_000)
+    # A consistent pair within the bounds is kept as it is.
+    assert tight.for_group({SESSION_TIMEOUT: "7000", HEARTBEAT_INTERVAL: "2000"}) == (7_000,
+                                                                                      2_000)
+
+
 def test_group_config_needs_a_group_id() -> None:
     h = Harness()
     code, text = h.apply(h.coordinator.alter_group_config("", {SESSION_TIMEOUT: "2000"}, 0))

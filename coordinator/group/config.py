@@ -154,7 +154,18 @@ class GroupCoordinatorConfig:
 
     def for_group(self, overrides: dict[str, str | None]) -> tuple[int, int]:
         """(session timeout, heartbeat interval) for a group, overrides clamped to bounds (the
-        daemon's bounds may have narrowed since an override was stored)."""
+        daemon's bounds may have narrowed since an override was stored). Clamping may leave the
+        session at or below the interval (a 5 s / 4 s pair under a 3 s maximum session), which
+        would fence every member between two heartbeats: then the group gets the daemon's
+        interval, or the daemon's own pair if its interval is not below that session either."""
+        session, heartbeat = self._clamped(overrides)
+        if session > heartbeat:
+            return session, heartbeat
+        if self.heartbeat_interval_ms < session:
+            return session, self.heartbeat_interval_ms
+        return self.session_timeout_ms, self.heartbeat_interval_ms
+
+    def _clamped(self, overrides: dict[str, str | None]) -> tuple[int, int]:
         session = _int(overrides.get(GROUP_SESSION_TIMEOUT), self.session_timeout_ms)
         heartbeat = _int(overrides.get(GROUP_HEARTBEAT_INTERVAL), self.heartbeat_interval_ms)
         session = min(max(session, self.min_session_timeout_ms), self.max_session_timeout_ms)
@@ -194,7 +205,7 @@ class GroupCoordinatorConfig:
             if number > high:
                 return (f"{name} must be less than or equal to "
                         f"group.connect.max.{setting} ({high})")
-        session, heartbeat = self.for_group({**(current or {}), **overrides})
+        session, heartbeat = self._clamped({**(current or {}), **overrides})
         if session <= heartbeat:
             return (f"{GROUP_SESSION_TIMEOUT} ({session}) must be greater than "
                     f"{GROUP_HEARTBEAT_INTERVAL} ({heartbeat})")
