@@ -393,6 +393,15 @@ def test_every_version_and_each_bad_resource_on_the_wire(pool: DaemonPool) -> No
             (E.INVALID_REQUEST, "Error due to duplicate config keys"),
             (E.INVALID_REQUEST, f"Unknown alter config operation 7 for key {SESSION}"),
             (E.INVALID_CONFIG, "Null value not supported for group configs")]
+        # A group id longer than its records can carry: INVALID_GROUP_ID, not the store's
+        # failure (COORDINATOR_NOT_AVAILABLE, which clients retry).
+        r = raw.call(44, 1, _alter_request(1, [{"resource_type": 32, "resource_name": "x" * 40_000,
+                                                "configs": [{"name": SESSION,
+                                                             "config_operation": 0,
+                                                             "value": "4000"}]}]))
+        assert [(x.error_code, x.error_message) for x in r.responses] == [
+            (E.INVALID_GROUP_ID, "GroupId takes 40,000 bytes, more than the 32,767 a group's "
+                                 "records can carry.")]
         r = raw.call(32, 4, _describe_request(4, [
             {"resource_type": 2, "resource_name": "t", "configuration_keys": None},
             {"resource_type": 32, "resource_name": "", "configuration_keys": None},

@@ -632,6 +632,25 @@ def test_overrides_clamped_by_narrowed_bounds_never_leave_session_at_or_below_in
                                                                                       2_000)
 
 
+def test_a_group_id_too_long_for_the_records_is_refused_before_anything_is_written() -> None:
+    # The records carry a group id as a string of at most 32,767 UTF-8 bytes: a longer one made
+    # the write fail in the store and came back as COORDINATOR_NOT_AVAILABLE, which clients
+    # retry until their timeout. It is INVALID_GROUP_ID, from a SET of a config and a join alike.
+    h = Harness()
+    longest = "é" * (32_767 // 2) + "x"  # 32,767 bytes
+    too_long = longest + "x"
+    code, text = h.apply(h.coordinator.alter_group_config(too_long, {SESSION_TIMEOUT: "5000"},
+                                                          h.now))
+    assert code == E.INVALID_GROUP_ID and "32,768 bytes" in text and "32,767" in text
+    r = h.join("W1", group_id=too_long)
+    assert r.error_code == E.INVALID_GROUP_ID
+    assert h.log == [] and h.state.groups == {}
+    assert h.apply(h.coordinator.alter_group_config(longest, {SESSION_TIMEOUT: "5000"},
+                                                    h.now)) == (0, None)
+    assert h.join("W1", group_id=longest).error_code == 0
+    h.check_records_encode()
+
+
 def test_group_config_needs_a_group_id() -> None:
     h = Harness()
     code, text = h.apply(h.coordinator.alter_group_config("", {SESSION_TIMEOUT: "2000"}, 0))

@@ -141,6 +141,7 @@ from .validation import (
     cut_client_id,
     validate_assignors,
     validate_connector,
+    validate_group_id_size,
     validate_instance_states,
     validate_member_id,
     validate_member_metadata_size,
@@ -825,6 +826,8 @@ class GroupCoordinator:
     def _get_or_create_group(self, txn: _Txn, group_id: str, now_ms: int) -> Group:
         g = self.state.groups.get(group_id)
         if g is None:
+            if problem := validate_group_id_size(group_id):
+                raise _Reject(E.INVALID_GROUP_ID, problem)
             self._check_group_cap(group_id)
         if g is None or not g.has_metadata:
             # A new group's fencing tokens start at now_ms * 1000, a first block reserved at once

@@ -49,6 +49,10 @@ Every record of the member and every index of the group repeats it, and a join w
 is what any principal with READ may send: unbounded, one id cost as much as its frame (a join
 with a 900 KB id could not even be logged and left its soft state behind)."""
 
+MAX_GROUP_ID_BYTES = 32_767
+"""The most UTF-8 bytes of a group id: every record of the group carries it as a Kafka string
+(int16 length). A longer one could not be written at all."""
+
 
 def validate_assignors(assignors: Iterable[Any]) -> str | None:
     """Client assignors (wire ``Assignor`` or model ``AssignorSpec``: the same fields)."""
@@ -152,6 +156,17 @@ def validate_member_id(member_id: str) -> str | None:
     size = len(member_id.encode("utf-8", "surrogatepass"))
     if size > MAX_MEMBER_ID_BYTES:
         return f"MemberId takes {size:,} bytes, more than the {MAX_MEMBER_ID_BYTES} allowed."
+    return None
+
+
+def validate_group_id_size(group_id: str) -> str | None:
+    """A new group's id: at most :data:`MAX_GROUP_ID_BYTES` of UTF-8."""
+    if len(group_id) * 4 <= MAX_GROUP_ID_BYTES:  # (no character takes more than 4 bytes)
+        return None
+    size = len(group_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_GROUP_ID_BYTES:
+        return (f"GroupId takes {size:,} bytes, more than the {MAX_GROUP_ID_BYTES:,} a "
+                "group's records can carry.")
     return None
 
 
