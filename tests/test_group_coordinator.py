@@ -645,11 +645,30 @@ def test_a_group_id_too_long_for_the_records_is_refused_before_anything_is_writt
     r = h.join("W1", group_id=too_long)
     assert r.error_code == E.INVALID_GROUP_ID
     assert h.log == [] and h.state.groups == {}
+    # ValidateOnly answers what the change would get (it answered OK).
+    code, _ = h.apply(h.coordinator.alter_group_config(too_long, {SESSION_TIMEOUT: "5000"},
+                                                       h.now, validate_only=True))
+    assert code == E.INVALID_GROUP_ID
     assert h.apply(h.coordinator.alter_group_config(longest, {SESSION_TIMEOUT: "5000"},
                                                     h.now)) == (0, None)
     assert h.join("W1", group_id=longest).error_code == 0
     h.check_records_encode()
 
+
+
+def test_validate_only_on_a_new_group_beyond_group_max_groups_is_refused_as_the_change() -> None:
+    h = Harness(GroupCoordinatorConfig(max_groups=1))
+    h.join("W1")
+    change = {SESSION_TIMEOUT: "5000"}
+    refused = h.apply(h.coordinator.alter_group_config("other", change, h.now))
+    assert refused[0] == E.INVALID_REQUEST and "group.max.groups is 1" in refused[1]
+    assert h.apply(h.coordinator.alter_group_config("other", change, h.now,
+                                                    validate_only=True)) == refused
+    # The group that exists: validated and answered OK, nothing written.
+    before = len(h.log)
+    assert h.apply(h.coordinator.alter_group_config("g", change, h.now,
+                                                    validate_only=True)) == (0, None)
+    assert len(h.log) == before
 
 def test_group_config_needs_a_group_id() -> None:
     h = Harness()

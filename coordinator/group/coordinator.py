@@ -596,7 +596,11 @@ class GroupCoordinator:
                 raise _Reject(E.INVALID_CONFIG, problem)
             merged = {name: str(int(value)) if name in configs else value
                       for name, value in merged.items() if value is not None}
-            if validate_only or merged == current:
+            if merged == current:
+                return (0, None)
+            if validate_only:
+                if g is None:  # (what creating it would meet)
+                    self._check_new_group(group_id)
                 return (0, None)
             g = self._get_or_create_group(txn, group_id, now_ms)
             txn.write(rec.group_configuration(group_id, merged) if merged
@@ -812,6 +816,12 @@ class GroupCoordinator:
         g = self.state.groups.get(group_id)
         return self.config.for_group(g.configs if g is not None else {})
 
+    def _check_new_group(self, group_id: str) -> None:
+        """A new group: its id must fit its records, and ``group.max.groups`` must allow it."""
+        if problem := validate_group_id_size(group_id):
+            raise _Reject(E.INVALID_GROUP_ID, problem)
+        self._check_group_cap(group_id)
+
     def _check_group_cap(self, group_id: str) -> None:
         """``group.max.groups``: a new group beyond it is refused."""
         count = self.config.group_count
@@ -826,9 +836,7 @@ class GroupCoordinator:
     def _get_or_create_group(self, txn: _Txn, group_id: str, now_ms: int) -> Group:
         g = self.state.groups.get(group_id)
         if g is None:
-            if problem := validate_group_id_size(group_id):
-                raise _Reject(E.INVALID_GROUP_ID, problem)
-            self._check_group_cap(group_id)
+            self._check_new_group(group_id)
         if g is None or not g.has_metadata:
             # A new group's fencing tokens start at now_ms * 1000, a first block reserved at once
             # (in its first record, so the first grants need no record of their own).
