@@ -633,6 +633,23 @@ def _group_configs(client: AdminSession, args: argparse.Namespace, out: Any) -> 
         "resources": [{"resource_type": 32, "resource_name": group, "configuration_keys": None}],
         "include_synonyms": True, "include_documentation": False})
     result = client.owner_call(describe).results[0]
+    if result.error_code and names:
+        # The change went through; only showing the configs after it failed (e.g. a principal
+        # allowed ALTER_CONFIGS and denied DESCRIBE_CONFIGS): say what was done, exit 0.
+        what = "valid (validate-only: nothing written)" if args.validate_only else "applied"
+        print(f"connect-coordinator: {what}; could not describe the group's configs "
+              f"afterwards: {error_name(result.error_code)}: {result.error_message}",
+              file=sys.stderr)
+        done = [{"name": k, "operation": "SET", "value": v} for k, v in args.set] + [
+            {"name": k, "operation": "DELETE", "value": None} for k in args.delete]
+        if args.json:
+            out.write(json.dumps({"group": group, "validate_only": args.validate_only,
+                                  "configs": None, "applied": done}, indent=2) + "\n")
+        else:
+            out.write(f"{what.split(' ')[0]}: " + ", ".join(
+                f"{c['name']}={c['value']}" if c["operation"] == "SET"
+                else f"{c['name']} (deleted)" for c in done) + f" to group {group}\n")
+        return
     _check(result.error_code, result.error_message)
     configs = [{"name": c.name, "value": c.value, "source": _SOURCES.get(c.config_source,
                                                                          str(c.config_source)),

@@ -308,6 +308,21 @@ def test_the_cli_and_the_acls(tmp_path: Path) -> None:
         # (ALTER_CONFIGS implies DESCRIBE_CONFIGS, as Kafka's authorizer; another group: no)
         denied = cli("groups", "configs", *sasl[:-1], "other", ok=False)
         assert denied.returncode == 1 and "GROUP_AUTHORIZATION_FAILED" in denied.stderr
+        # Allowed to alter but denied describing (a DENY wins over what ALTER_CONFIGS implies):
+        # the change is made, and the CLI says so (it exited 1 naming only the describe's
+        # refusal, as if nothing had been written).
+        cli("acls", "add", *plain[:2], "--deny-principal", "User:ops", "--operation",
+            "DescribeConfigs", "--group", "g")
+        r = cli("groups", "configs", *sasl, "--set", f"{SESSION}=6500")
+        assert r.stdout.startswith(f"applied: {SESSION}=6500 to group g\n"), r.stdout
+        assert "could not describe" in r.stderr and "DESCRIBE_CONFIGS" in r.stderr, r.stderr
+        out = cli("groups", "configs", *plain, "--json").stdout
+        assert {c["name"]: c["value"] for c in json.loads(out)["configs"]}[SESSION] == "6500"
+        r = cli("groups", "configs", *sasl, "--delete", SESSION, "--json")
+        assert json.loads(r.stdout) == {"group": "g", "validate_only": False, "configs": None,
+                                        "applied": [{"name": SESSION, "operation": "DELETE",
+                                                     "value": None}]}
+        assert "could not describe" in r.stderr
 
 
 def test_overrides_on_etcd_survive_a_restart(tmp_path: Path, pool: DaemonPool,
