@@ -89,6 +89,22 @@ def test_durations_are_measured_on_the_coordinators_clock() -> None:
     assert only(h, "rebalance completed")["duration_ms"] == 1_150
 
 
+
+def test_a_fence_names_the_session_timeout_the_member_was_given_not_a_later_group_config() -> None:
+    # W2 last heartbeat under the 10 s default; the group's session timeout is then shortened
+    # to 2 s (it applies from each member's next heartbeat, so W2 keeps its 10 s). The fence
+    # said session_timeout_ms=2000 and silent_ms=2000 after 10 s of silence.
+    h = Harness()
+    two_workers(h)
+    h.events.clear()
+    h.apply(h.coordinator.alter_group_config(
+        "g", {"connect.session.timeout.ms": "2000", "connect.heartbeat.interval.ms": "500"},
+        h.now))
+    keep_alive(h, 11_000, alive=("W1",), step=500)
+    fenced = only(h, "member fenced")
+    assert fenced["member_id"] == "W2" and fenced["reason"] == "session_expired"
+    assert (fenced["session_timeout_ms"], fenced["silent_ms"]) == (10_000, 10_000)
+
 def test_session_expiry_fences_holds_and_the_hold_ends() -> None:
     h = Harness()
     two_workers(h)

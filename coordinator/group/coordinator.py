@@ -2246,6 +2246,11 @@ class GroupCoordinator:
             txn.timer(SESSION, g.group_id, member_id, deadline)
             return
         session_ms, _ = self.config.for_group(g.configs)
+        last = g.soft.last_heartbeat.get(member_id)
+        if deadline is not None and last is not None and last <= deadline:
+            # (armed at that heartbeat, with the session timeout of then: a group config
+            # changed since applies from the next heartbeat only)
+            session_ms = deadline - last
         cur = g.current.get(member_id)
         self._fence(txn, g, member_id, now_ms, "session_expired", hold=True,
                     static_leave=cur is not None and cur.epoch == -2, session_timeout_ms=session_ms,
