@@ -633,3 +633,19 @@ def test_a_forward_is_authorized_on_both_nodes(tmp_path: Path, etcd_endpoint: st
             assert _forwards(c.nodes[1]) == {"ok": 3.0}  # (not the alter refused by node 1)
         finally:
             c.close()
+
+
+def test_the_client_examples_in_kafka_clients_md_run(pool: DaemonPool) -> None:
+    # docs/kafka-clients.md's Group configs snippet, run as written against the daemon (its
+    # confluent-kafka line indexed the futures by the group's name: a KeyError).
+    text = (ROOT / "docs" / "kafka-clients.md").read_text()
+    section = text[text.index("## Group configs"):]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start:section.index("\n```", start)]
+    assert "incremental_alter_configs" in code and "KafkaAdminClient" in code
+    d = pool.start()
+    exec(compile(code.replace("127.0.0.1:9092", d.bootstrap), "kafka-clients.md", "exec"), {})
+    got = json.loads(cli("groups", "configs", "--bootstrap", d.bootstrap, "--group", "orders",
+                         "--json").stdout)
+    assert {c["name"]: (c["value"], c["source"]) for c in got["configs"]} == {
+        SESSION: ("30000", "GROUP_CONFIG"), INTERVAL: ("200", "DEFAULT_CONFIG")}
