@@ -92,6 +92,12 @@ def _positive(v: int) -> str | None:
     return None if v > 0 else "must be > 0"
 
 
+def _positive_int32(v: int) -> str | None:
+    """A time a member is told in an INT32 field (a heartbeat answer's interval) or given as a
+    group config (Kafka's INT): beyond 2**31 - 1 none could be written."""
+    return None if 1 <= v <= 2**31 - 1 else "must be within [1, 2147483647]"
+
+
 def _non_negative(v: int) -> str | None:
     return None if v >= 0 else "must be >= 0"
 
@@ -231,17 +237,17 @@ SETTINGS: tuple[Setting, ...] = (
             "(see log.roll.min.bytes).",
             lambda v: None if 1 <= v <= 100 else "must be within [1, 100]"),
     Setting("group.connect.session.timeout.ms", int, _G.session_timeout_ms,
-            "A member that does not heartbeat within this is removed.", _positive),
+            "A member that does not heartbeat within this is removed.", _positive_int32),
     Setting("group.connect.min.session.timeout.ms", int, _G.min_session_timeout_ms,
-            "Lower bound of the session timeout (also for per-group overrides).", _positive),
+            "Lower bound of the session timeout (also for per-group overrides).", _positive_int32),
     Setting("group.connect.max.session.timeout.ms", int, _G.max_session_timeout_ms,
-            "Upper bound of the session timeout.", _positive),
+            "Upper bound of the session timeout.", _positive_int32),
     Setting("group.connect.heartbeat.interval.ms", int, _G.heartbeat_interval_ms,
-            "How often members heartbeat (told in every response).", _positive),
+            "How often members heartbeat (told in every response).", _positive_int32),
     Setting("group.connect.min.heartbeat.interval.ms", int, _G.min_heartbeat_interval_ms,
-            "Lower bound of the heartbeat interval.", _positive),
+            "Lower bound of the heartbeat interval.", _positive_int32),
     Setting("group.connect.max.heartbeat.interval.ms", int, _G.max_heartbeat_interval_ms,
-            "Upper bound of the heartbeat interval.", _positive),
+            "Upper bound of the heartbeat interval.", _positive_int32),
     Setting("group.connect.max.rebalance.timeout.ms", int, _G.max_rebalance_timeout_ms,
             "Largest RebalanceTimeoutMs a member may declare (INVALID_REQUEST beyond): bounds "
             "how long a revocation is waited for and a fenced member's items are held.",

@@ -40,6 +40,11 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
          "must be smaller than group.connect.session.timeout.ms"),
         ({}, {"CONNECT_COORDINATOR_NO_SUCH_THING": "1"}, "unknown environment setting"),
         ({"no.such": 1}, {}, "unknown setting 'no.such'"),
+        # (every heartbeat answer carries the interval as an INT32: beyond it, none could be
+        # written, and a group config up to the maximum would be allowed)
+        ({"group.connect.max.heartbeat.interval.ms": 2**31}, {},
+         "group.connect.max.heartbeat.interval.ms=2147483648: must be within [1, 2147483647]"),
+        ({"group.connect.max.session.timeout.ms": 2**31}, {}, "must be within [1, 2147483647]"),
     ],
 )
 def test_invalid_values_name_the_setting(overrides: dict, environ: dict, message: str) -> None:

@@ -588,10 +588,15 @@ def test_per_group_overrides_of_interval_and_session_timeout() -> None:
         ({HEARTBEAT_INTERVAL: "20000"}, "connect.session.timeout.ms (10000) must be greater than "
                                         "connect.heartbeat.interval.ms (20000)"),
         ({SESSION_TIMEOUT: "3000"}, "must be greater than connect.heartbeat.interval.ms (3000)"),
+        # Kafka's INT is 32 bits: beyond it, a parse error whatever the bounds (a daemon maximum
+        # set above it let 2147483648 through, which no heartbeat answer could carry)
+        ({SESSION_TIMEOUT: "2147483648"}, "Invalid value 2147483648 for configuration "
+                                          "connect.session.timeout.ms: Not a number of type INT"),
+        ({HEARTBEAT_INTERVAL: "-2147483649"}, "Not a number of type INT"),
     ],
 )
 def test_invalid_group_config_override(overrides: dict[str, str], message: str) -> None:
-    h = Harness()
+    h = Harness(GroupCoordinatorConfig(max_session_timeout_ms=2**32))
     h.join("W1")
     before = len(h.log)
     code, text = h.apply(h.coordinator.alter_group_config("g", overrides, h.now))

@@ -194,6 +194,8 @@ class GroupCoordinatorConfig:
             if not _INT.fullmatch(value):
                 return f"Invalid value {value} for configuration {name}: Not a number of type INT"
             number = int(value)
+            if not -2**31 <= number < 2**31:  # (Kafka's INT: a Java int)
+                return f"Invalid value {value} for configuration {name}: Not a number of type INT"
             low, high, setting = (
                 (self.min_session_timeout_ms, self.max_session_timeout_ms, "session.timeout.ms")
                 if name == GROUP_SESSION_TIMEOUT
