@@ -654,6 +654,9 @@ def test_a_group_id_too_long_for_the_records_is_refused_before_anything_is_writt
     code, _ = h.apply(h.coordinator.alter_group_config(too_long, {SESSION_TIMEOUT: "5000"},
                                                        h.now, validate_only=True))
     assert code == E.INVALID_GROUP_ID
+    # Creating connectors in it, ValidateOnly or not, alike.
+    assert h.alter({"c": 1}, group_id=too_long, validate_only=True).error_code == E.INVALID_GROUP_ID
+    assert h.alter({"c": 1}, group_id=too_long).error_code == E.INVALID_GROUP_ID
     assert h.apply(h.coordinator.alter_group_config(longest, {SESSION_TIMEOUT: "5000"},
                                                     h.now)) == (0, None)
     assert h.join("W1", group_id=longest).error_code == 0

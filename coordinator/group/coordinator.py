@@ -2385,7 +2385,7 @@ class GroupCoordinator:
         if updated != current:
             self._check_log_footprint(req.group_id, current, updated)
         if g is None:
-            self._check_group_cap(req.group_id)
+            self._check_new_group(req.group_id)
         epoch = g.epoch if g is not None else 0
         if req.validate_only or updated == current:
             if not req.validate_only and g is None:
