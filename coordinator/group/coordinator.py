@@ -2245,7 +2245,7 @@ class GroupCoordinator:
         if deadline is not None and deadline > now_ms:
             txn.timer(SESSION, g.group_id, member_id, deadline)
             return
-        session_ms, _ = self.config.for_group(g.configs)
+        session_ms = self._session_ms(g, g.members[member_id])
         last = g.soft.last_heartbeat.get(member_id)
         if deadline is not None and last is not None and last <= deadline:
             # (armed at that heartbeat, with the session timeout of then: a group config
