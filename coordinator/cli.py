@@ -175,11 +175,18 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--group", required=True)
     d.add_argument("names", nargs="+", metavar="NAME")
     d.add_argument("--validate-only", action="store_true")
-    ls = admin(csub, "list", "list a group's connectors")
+    ls = admin(csub, "list", "list a group's connectors: each one's target state (RUNNING, "
+               "PAUSED, STOPPED) and apart from it how many of its instances a worker reports "
+               "running, of how many")
     ls.add_argument("--group", required=True)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     st = admin(csub, "status", "a connector's and its tasks' states as their workers report "
-                               "them (RUNNING, FAILED with the error and trace, RESTARTING)")
+                               "them (RUNNING, FAILED with the error and trace, RESTARTING; "
+                               "PAUSED or STOPPED as asked) or as the assignment has them "
+                               "(ASSIGNED: not reported yet, HELD for a fenced worker, "
+                               "UNASSIGNED), with each one's worker; marked when that worker "
+                               "missed heartbeats, or when the item is kept for a departed "
+                               "worker until the scheduled rebalance")
     st.add_argument("--group", required=True)
     st.add_argument("name", help="connector name")
     st.add_argument("--json", action="store_true", help="machine-readable output")
@@ -248,7 +255,9 @@ def parser() -> argparse.ArgumentParser:
     gl = admin(gsub, "list", "list connect groups and their states (every node asked; a node "
                "that fails is named on stderr, exit 1)")
     gl.add_argument("--json", action="store_true")
-    gd = admin(gsub, "describe", "members, epochs and assignments of groups")
+    gd = admin(gsub, "describe", "groups: the coordinating node, members with their epochs, "
+               "last heartbeat and assignments, instance states, and the work held for fenced "
+               "members or kept for departed members until the scheduled rebalance")
     gd.add_argument("groups", nargs="+", metavar="GROUP")
     gd.add_argument("--json", action="store_true")
     gc = admin(gsub, "configs", "a group's dynamic configs (connect.session.timeout.ms, "

@@ -259,3 +259,29 @@ def test_a_plaintext_cli_at_a_sasl_listener_says_the_protocol_probably_does_not_
     assert r.returncode == 1 and "Traceback" not in r.stderr, r
     assert "security protocol probably does not match this client's (PLAINTEXT; set " \
            "--security-protocol or --command-config)" in r.stderr, r.stderr
+
+
+def test_status_list_and_describe_help_say_what_they_show() -> None:
+    """Each sub-command's --help names what its output shows: every state `connectors status`
+    prints (not only the running and failing ones), `connectors list`'s target state and
+    running count, `groups describe`'s coordinating node, heartbeats and the work held or
+    kept for departed workers."""
+    from coordinator.cli import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+
+    def helptext(group: str, action: str) -> str:
+        inner = next(a for a in sub.choices[group]._actions
+                     if isinstance(a, argparse._SubParsersAction))
+        return " ".join(inner.choices[action].format_help().split())
+
+    status = helptext("connectors", "status")
+    for state in ("RUNNING", "FAILED", "RESTARTING", "PAUSED", "STOPPED", "ASSIGNED", "HELD",
+                  "UNASSIGNED"):
+        assert re.search(rf"\b{state}\b", status), (state, status)
+    assert "missed heartbeats" in status and "kept for" in status, status
+    listing = helptext("connectors", "list")
+    assert "target state" in listing and "running" in listing.split("list a group's")[1], listing
+    describe = helptext("groups", "describe")
+    for what in ("coordinating node", "last heartbeat", "held for fenced", "kept for departed"):
+        assert what in describe, (what, describe)
