@@ -34,3 +34,12 @@ def test_validate_names_each_bad_key() -> None:
     assert set(errors) == {"sqlite.file", "partitions", "interval.ms"}, errors
     assert CounterConnector.validate({"sqlite.file": "x", "partitions": "-1"}) == {
         "partitions": ["must be a whole number, at least 1, not '-1'"]}
+
+
+def test_the_rest_api_calls_it_a_source_connector() -> None:
+    """It commits source offsets: Kafka Connect's REST API (status, ``?expand=info``) calls
+    such a connector ``source``, from its class's ``type`` (``unknown`` without one)."""
+    from worker_client.rest import RestApi
+
+    assert RestApi._type({"connector.class": "worker_client.examples.counter:CounterConnector"}) \
+        == "source"

@@ -151,6 +151,7 @@ class CounterConnector:
     """The connector instance: decides each task's share of the partitions."""
 
     task_class = CounterTask
+    type = "source"  # (it commits source offsets: the REST API's connector type)
 
     async def start(self, config: dict[str, str | None]) -> None:
         self.partitions = int(config.get("partitions") or 4)
