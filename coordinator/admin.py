@@ -575,12 +575,14 @@ class AdminSession:
         failures = 0
         address: Address | None = None
         while True:
+            answered: Any = None  # an answer asked again (``retry``): returned past the deadline
             try:
                 if address is None:
                     address = self.find_coordinator(group_id)
                 resp = self._call_at(address, request)
                 code = _error_of(resp)
-                if code in retry:
+                answered = resp if code in retry else None
+                if answered is not None:
                     if time.monotonic() + self.backoff_s > deadline:
                         return resp
                 elif code not in REDISCOVER and code not in RETRY_SAME_NODE:
@@ -604,6 +606,8 @@ class AdminSession:
             pause = random.uniform(self.backoff_s / 2, min(self.max_backoff_s,
                                                            self.backoff_s * 2 ** min(failures, 16)))
             if time.monotonic() + pause > deadline:
+                if answered is not None:  # (the coordinator answered: its answer, not "none")
+                    return answered
                 raise AdminError(f"group {group_id}: no answer from its coordinator within "
                                  f"{self.timeout_s:g}s (last: {last})")
             self.sleep(pause)

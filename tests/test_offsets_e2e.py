@@ -142,6 +142,8 @@ def test_commits_survive_kill_9_and_the_cli_manages_them(tmp_path: Path, pool: D
                    ok=False)
         assert done.returncode == 1 and "REBALANCE_IN_PROGRESS" in done.stderr, done.stderr
         assert "Connector 'A''s instances are still stopping on member(s) W1" in done.stderr
+        # (the coordinator answered each time: its last answer, not "no answer within")
+        assert done.stderr.startswith("connect-coordinator: REBALANCE_IN_PROGRESS: "), done.stderr
     assert fetched(admin) == before
     w = Worker(d, "W1")
     w.epoch = admin.members()["W1"][0]
