@@ -422,3 +422,24 @@ def test_a_group_with_garbage_offsets_expires_only_after_they_are_tombstoned() -
     h.advance(10)
     assert "g" not in h.state.groups
     assert not {k for k, v in _compacted(h).items() if isinstance(k, ConnectorOffsetKey) and v}
+
+
+def test_a_fenced_members_hold_refuses_alter_naming_its_instance() -> None:
+    """A static worker killed right after ``stop``: fenced once its session ends, its items
+    held (it may still be stopping them) until the hold ends. The retriable refusal meanwhile
+    names its instance id, as while it was a member, and says it was fenced, so that an
+    operator sees which worker it waits for and why it cannot report."""
+    h = Harness()
+    assert h.alter({"A": 2, "B": 1}).error_code == 0
+    assert h.join("W1", instance_id="w1").error_code == 0
+    h.compute({"W1": ALL})
+    assert hb(h, "W1").member_epoch == 1
+    report_states(h, "W1", "RUNNING")
+    stop(h, report=False)
+    r = alter(h, [(P(1), OFF(5))])
+    assert r.error_code == E.REBALANCE_IN_PROGRESS and "member(s) W1 (w1)" in r.error_message, r
+    h.advance(10_001)  # (the default session timeout, W1 silent)
+    assert "W1" not in h.group().members and h.group().current["W1"].epoch < 0  # (held)
+    r = alter(h, [(P(1), OFF(5))])
+    assert r.error_code == E.REBALANCE_IN_PROGRESS, r
+    assert "member(s) W1 (w1, fenced: held)" in r.error_message, r.error_message

@@ -2739,14 +2739,19 @@ class GroupCoordinator:
     def _still_stopping(g: Group, connector: str) -> list[str]:
         """The members (``member (instance)``) that own an item of ``connector`` (assigned or
         being revoked) and have not reported it STOPPED since its target state last changed:
-        its instance there may still be running, or stopping and committing."""
+        its instance there may still be running, or stopping and committing. A fenced member
+        whose items are held reads ``member (instance, fenced: held)``."""
         late = []
         for member_id, cur in sorted(g.current.items()):
             reported = g.soft.instance_states.get(member_id, {})
             if any(item.connector == connector and reported.get(item, ("",))[0] != STOPPED
                    for item in cur.owned):
-                instance = g.members[member_id].instance_id if member_id in g.members else None
-                late.append(member_id if instance is None else f"{member_id} ({instance})")
+                if member_id in g.members:
+                    instance = g.members[member_id].instance_id
+                    late.append(member_id if instance is None else f"{member_id} ({instance})")
+                else:  # fenced, its items held (it cannot report any more: the hold must end)
+                    instance = g.soft.hold_instance.get(member_id)
+                    late.append(f"{member_id} ({instance + ', ' if instance else ''}fenced: held)")
         return late
 
     def _delete_batch(self, keys: Iterable[tuple[str, str]], group_id: str) -> list[tuple[str, str]]:
