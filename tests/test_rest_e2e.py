@@ -698,3 +698,38 @@ def test_concurrent_reads_share_the_describes(workers: Workers) -> None:
         assert http("PUT", f"{base}/connectors/shared/config", {**update, "record.tag": tag})[0] == 200
         assert http("GET", f"{base}/connectors/shared/config")[2]["record.tag"] == tag
     assert http("DELETE", f"{base}/connectors/shared")[0] == 204
+
+
+def test_offsets_change_while_the_stopped_tasks_stop_answers_409_with_the_coordinators_refusal(
+        workers: Workers) -> None:
+    """PATCH .../offsets right after PUT .../stop while the task is still in its stop() (a slow
+    stop, within its stop budget): asked again until the request timeout, then 409 with the
+    coordinator's refusal naming the worker it waits for (it answered each time: not "did
+    not answer"); once the stop has ended the same PATCH succeeds."""
+    group, rest = "rest-slow-stop", _free_port()
+    cmd = [sys.executable, "-m", "worker_client.cli", "run", "--bootstrap", workers.daemon.bootstrap,
+           "--group", group, "--instance-id", "slow", "--rest-listen", f"127.0.0.1:{rest}",
+           "--rest-request-timeout-ms", "1000", "--task-shutdown-graceful-timeout-ms", "30000"]
+    with open(workers.base / "worker-slow.log", "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                env=daemon_env(), cwd=ROOT)
+    try:
+        url = f"http://127.0.0.1:{rest}"
+        until(lambda: healthy(url), "the slow worker healthy", workers)
+        config = {"connector.class": "worker_client.examples.recording:RecordingConnector",
+                  "tasks.max": "1", "record.file": str(workers.records), "stop.delay.ms": "4000"}
+        assert http("POST", url + "/connectors", {"name": "slow", "config": config})[0] == 201
+        until(lambda: http("GET", url + "/connectors/slow/status")[2]["tasks"][:1] == [
+            {"id": 0, "state": "RUNNING", "worker_id": f"127.0.0.1:{rest}"}], "slow running", workers)
+        assert http("PUT", url + "/connectors/slow/stop")[0] == 204
+        change = {"offsets": [{"partition": {"p": 0}, "offset": {"o": 1}}]}
+        status, _, body = http("PATCH", url + "/connectors/slow/offsets", change)
+        assert status == 409, body
+        assert body["message"].startswith("Cannot complete request momentarily: the group's "
+                                          "coordinator still answered REBALANCE_IN_PROGRESS: "), body
+        assert "still stopping on member(s)" in body["message"] and "(slow)" in body["message"], body
+        until(lambda: http("PATCH", url + "/connectors/slow/offsets", change)[0] == 200,
+              "the offsets changed once the stop ended", workers)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, workers.logs()

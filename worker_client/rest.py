@@ -323,17 +323,21 @@ class RestApi:
         client = self.worker.client
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout_s
-        last = "no answer"
+        last, answered = "no answer", False
         while True:
             left = deadline - loop.time()
             if left <= 0:
+                if answered:  # (it answered, retriably each time: its last answer)
+                    raise RestError(409, "Cannot complete request momentarily: the group's "
+                                    f"coordinator still answered {last} after "
+                                    f"{self.request_timeout_s:g} s; retry later")
                 raise RestError(409, "Cannot complete request momentarily: the group's coordinator "
                                 f"did not answer within {self.request_timeout_s:g} s (last: {last}); "
                                 "retry later")
             try:
                 resp = await client.send(request, timeout_s=max(0.1, left))
             except ConnectionFailed as exc:
-                last = str(exc)
+                last, answered = str(exc), False
             except SecurityError as exc:
                 raise RestError(403, f"The coordinator refused this worker: {exc}") from None
             else:
@@ -343,7 +347,7 @@ class RestApi:
                                     "principal is what the coordinator's ACLs see)")
                 if code not in RETRIABLE:
                     return resp
-                last = f"{error_name(code)}: {message_of(resp)}"
+                last, answered = f"{error_name(code)}: {message_of(resp)}", True
             await asyncio.sleep(min(client.backoff_s(), max(0.0, deadline - loop.time())))
 
     async def _group(self) -> Any:
