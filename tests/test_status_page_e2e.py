@@ -134,8 +134,10 @@ def test_feed_is_the_groups_describe_json_plus_rest_status(group: Group) -> None
                          capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
     assert cli.returncode == 0, cli.stderr
     (described,) = json.loads(cli.stdout)
-    # (the coordinator's node is what the admin client found; the worker names the address it uses)
-    assert set(feed["group"]) - {"coordinator"} == set(described) - {"coordinator"}
+    # (the same keys, the coordinating node included: the one FindCoordinator named to each)
+    assert set(feed["group"]) == set(described)
+    assert feed["group"]["coordinator"] == described["coordinator"] == {
+        "node_id": 0, "host": group.daemon.host, "port": group.daemon.port}
     assert feed["group"]["connectors"] == described["connectors"]
     def members(g: dict[str, Any]) -> list[tuple[Any, ...]]:
         return sorted((m["instance_id"], m["assignment"], m["fencing_tokens"]) for m in g["members"])

@@ -322,6 +322,8 @@ class CoordinatorClient:
         self.security = security
         self.ssl_context = security.ssl_context() if security is not None else None
         self.coordinator: tuple[str, int] | None = None
+        # FindCoordinator's node id of each coordinator address found (one per node: bounded)
+        self.node_ids: dict[tuple[str, int], int] = {}
         self._heartbeat: KrpcConnection | None = None
         self._control: KrpcConnection | None = None
         self._failures = 0
@@ -388,6 +390,7 @@ class CoordinatorClient:
                 "needs DESCRIBE, and to join READ, on the group)", int(c.error_code))
         if int(c.error_code) != 0:
             raise ProtocolError(int(c.error_code), c.error_message)
+        self.node_ids[(c.host, int(c.port))] = int(c.node_id)
         return c.host, int(c.port)
 
     def _new_connection(self, host: str, port: int) -> KrpcConnection:

@@ -765,7 +765,13 @@ class RestApi:
         g = await self._group()
         m = self.worker.membership
         config = self.worker.config
-        coordinator = self.worker.client.coordinator  # (the node it last talked to; None: unknown)
+        client = self.worker.client
+        coordinator = client.coordinator  # (the node it last talked to; None: unknown)
+        group = shared.group_dict(g)
+        # (as `groups describe --json`: the node FindCoordinator named, null when not known)
+        node = None if coordinator is None else client.node_ids.get(coordinator)
+        group["coordinator"] = None if node is None else {
+            "node_id": node, "host": coordinator[0], "port": coordinator[1]}
         return web.json_response({
             "fetched_ms": int(time.time() * 1000),
             "worker": {"worker_id": _worker_id(config.worker_url, config.instance_id or m.member_id),
@@ -773,7 +779,7 @@ class RestApi:
                        "member_id": m.member_id, "member_epoch": m.member_epoch,
                        "state": m.state.value,
                        "coordinator": None if coordinator is None else "{}:{}".format(*coordinator)},
-            "group": shared.group_dict(g),
+            "group": group,
             "connectors": [{"name": c.name, "status": self.connector_status(g, c.name),
                             "offsets": c.offset_count, "offsets_error": None}
                            for c in g.connectors]},
