@@ -285,3 +285,17 @@ def test_status_list_and_describe_help_say_what_they_show() -> None:
     describe = helptext("groups", "describe")
     for what in ("coordinating node", "last heartbeat", "held for fenced", "kept for departed"):
         assert what in describe, (what, describe)
+
+
+def test_worker_help_uses_the_words_groups_describe_shows() -> None:
+    """connect-worker run --help: --max-delay-ms is how long a departed worker's work is KEPT
+    (what `groups describe` lists under KEPT FOR DEPARTED MEMBERS), not "held" (HELD is the
+    stop budget's hold of a fenced worker's items); --worker-url says where the URL shows
+    (`groups describe` prints it only with --json)."""
+    from worker_client.cli import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {o: " ".join((a.help or "").split()) for a in sub.choices["run"]._actions
+             for o in a.option_strings}
+    assert "kept" in helps["--max-delay-ms"] and "held" not in helps["--max-delay-ms"], helps
+    assert "--json" in helps["--worker-url"] and "connectors status" in helps["--worker-url"], helps

@@ -94,18 +94,20 @@ def parser() -> argparse.ArgumentParser:
                    "one member and both run its work; use --instance-id for a stable identity")
     r.add_argument("--instance-id", help="static membership id: a restart within the session "
                    "timeout gets the same work back")
-    r.add_argument("--worker-url", help="this worker's URL, shown in describe")
+    r.add_argument("--worker-url", help="this worker's URL, shown by `groups describe --json` "
+                   "(worker_url) and `connectors status` (URL)")
     r.add_argument("--assignors", default="incremental,eager",
                    help="client-side assignors in preference order (default incremental,eager)")
     r.add_argument("--max-delay-ms", type=int, default=300_000,
-                   help="scheduled.rebalance.max.delay.ms: how long a departed worker's work is held "
-                   "(incremental assignor; default 300000, 0 = reassign at once)")
+                   help="scheduled.rebalance.max.delay.ms: how long a departed worker's work is kept "
+                   "unassigned for it, in case it comes back, before the scheduled rebalance gives "
+                   "it to the others (incremental assignor; default 300000, 0 = reassign at once)")
     r.add_argument("--task-shutdown-graceful-timeout-ms", dest="stop_budget_ms", type=_ms,
                    metavar="MS",
                    help="the stop budget (Kafka Connect's task.shutdown.graceful.timeout.ms; "
                    "default 5000, at least 100): how long stopping a connector or task may take. "
                    "The coordinator holds a fenced or crashed worker's work this long past its "
-                   "session before anyone else may start it (the worker announces twice it as its "
+                   "session before anyone else may start it (the worker announces twice that as its "
                    "rebalance timeout). A plugin that has not stopped within it ends this process "
                    "(exit status 3)")
     r.add_argument("--rebalance-timeout-ms", type=_ms, metavar="MS",
