@@ -177,7 +177,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--validate-only", action="store_true")
     ls = admin(csub, "list", "list a group's connectors: each one's target state (RUNNING, "
                "PAUSED, STOPPED) and apart from it how many of its instances a worker reports "
-               "running, of how many")
+               "running, of how many (those whose worker has missed its heartbeats since: "
+               "overdue)")
     ls.add_argument("--group", required=True)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     st = admin(csub, "status", "a connector's and its tasks' states as their workers report "
@@ -326,8 +327,12 @@ def _running_count(g: Any, name: str) -> dict[str, int]:
     reports RUNNING, and how many there are: the target state says what the operator asked
     for, this what the workers do."""
     st = shared.status(g, name)
-    states = [st["state"], *(t["state"] for t in st["tasks"])]
-    return {"running_instances": states.count("RUNNING"), "instances": len(states)}
+    xs = [st, *st["tasks"]]
+    running = [x for x in xs if x["state"] == "RUNNING"]
+    # (reported RUNNING by a worker that has since missed its heartbeats: killed or frozen,
+    # perhaps; its session has not ended yet)
+    return {"running_instances": len(running), "instances": len(xs),
+            "overdue_instances": sum(bool(x["worker_heartbeat_overdue"]) for x in running)}
 
 
 def _heartbeat_text(ago_ms: int | None, overdue: bool) -> str:
@@ -506,7 +511,9 @@ def cmd_connectors(args: argparse.Namespace, out: Any) -> None:
                     out.write(json.dumps(listed, indent=2) + "\n")
                 else:
                     rows = [[c["name"], c["tasks"], c["state"],
-                             f"{c['running_instances']}/{c['instances']}",
+                             f"{c['running_instances']}/{c['instances']}" + (
+                                 f" ({c['overdue_instances']} overdue)"
+                                 if c["overdue_instances"] else ""),
                              ", ".join(f"{k}={v}" for k, v in c["config"].items())]
                             for c in listed]
                     out.write(_table(rows, ["CONNECTOR", "TASKS", "TARGET", "RUNNING",

@@ -1071,9 +1071,11 @@ def test_cli_admin_commands(pool: DaemonPool) -> None:
     listed = json.loads(cli("connectors", "list", "--group", "g", "--json", *b))
     # (no worker: the target state is RUNNING, nothing runs)
     assert listed == [{"name": "sink", "tasks": 1, "config": {"connector.class": "pkg:Sink"},
-                       "state": "RUNNING", "running_instances": 0, "instances": 2},
+                       "state": "RUNNING", "running_instances": 0, "instances": 2,
+                       "overdue_instances": 0},
                       {"name": "src", "tasks": 3, "config": {"connector.class": "pkg:Source", "topic": "t1"},
-                       "state": "RUNNING", "running_instances": 0, "instances": 4}]
+                       "state": "RUNNING", "running_instances": 0, "instances": 4,
+                       "overdue_instances": 0}]
     human = cli("connectors", "list", "--group", "g", *b).splitlines()
     assert human[0].split() == ["CONNECTOR", "TASKS", "TARGET", "RUNNING", "CONFIG"]
     assert human[2].split() == ["src", "3", "RUNNING", "0/4", "connector.class=pkg:Source,", "topic=t1"]

@@ -163,6 +163,12 @@ def test_a_killed_workers_instances_are_marked_then_kept_for_it(workers: Workers
     # (text: polled, as the CLI is a process each time; w2's session lasts 6 s)
     until(lambda: "RUNNING (worker missed heartbeats" in w.cli("connectors", "status", "c").stdout,
           "the text status marks w2's instances", w, timeout_s=SESSION_MS / 1000)
+    # connectors list: every instance still reported RUNNING, w2's counted apart as overdue.
+    listed = until(lambda: [c for c in json.loads(w.cli("connectors", "list", "--json").stdout)
+                            if c["overdue_instances"]],
+                   "connectors list counts w2's instances overdue", w, timeout_s=SESSION_MS / 1000)
+    assert [(c["name"], c["running_instances"], c["instances"], c["overdue_instances"])
+            for c in listed] == [("c", 4, 4, len(on_w2))], listed
 
     # Its session ends, its hold (0.5 s stop budget) ends: kept for w2 until the delay's end.
     def kept() -> dict[str, Any] | None:
