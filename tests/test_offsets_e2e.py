@@ -68,7 +68,12 @@ def fetched(admin: Admin, connector: str = "A") -> dict[str, str | None]:
 
 def running_worker(d: Daemon, connectors: dict[str, int]) -> tuple[Admin, Worker]:
     admin = Admin(d)
-    assert admin.alter(connectors).error_code == 0
+    deadline = time.monotonic() + 30
+    # (a node on etcd answers before it has taken all its partitions over: asked again)
+    while (r := admin.alter(connectors)).error_code == E.COORDINATOR_LOAD_IN_PROGRESS \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert r.error_code == 0, r
     w = Worker(d, "W1")
     w.ok()
     items = [i for name, n in connectors.items() for i in (name, *(f"{name}/{t}" for t in range(n)))]
