@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from connect_wire.assignors import EagerAssignor, IncrementalCooperativeAssignor
+from connect_wire.assignors.api import group_from_prepare, install_request
 from connect_wire.errors import ErrorCode
 from connect_wire.messages import (
     ConnectGroupAlterConnectorsRequest,
@@ -25,8 +27,6 @@ from connect_wire.messages import (
     ConnectGroupPrepareAssignmentRequest,
 )
 from connect_wire.messages import connect_group_alter_connectors_request_v0 as _alt
-from worker_client.assignors import EagerAssignor, IncrementalCooperativeAssignor
-from worker_client.assignors.api import group_from_prepare, install_request
 from worker_client.client import ConnectionFailed, KrpcConnection
 from worker_client.membership import (
     Assign,

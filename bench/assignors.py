@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker_client.assignors import (
+from connect_wire.assignors import (
     EagerAssignor,
     GroupAssignment,
     GroupSpec,

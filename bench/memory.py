@@ -72,6 +72,8 @@ from typing import Any
 from bench._common import RESULTS, ROOT, BenchError, machine, sizes_arg, start_daemon
 from connect_wire import codec
 from connect_wire.apis import APIS
+from connect_wire.assignors.api import GroupSpec, MemberSpec
+from connect_wire.assignors.incremental import IncrementalCooperativeAssignor
 from connect_wire.errors import ErrorCode
 from connect_wire.framing import encode_request_frame, parse_response_header
 from connect_wire.items import split_items
@@ -92,8 +94,6 @@ from coordinator.group.model import (
 )
 from coordinator.runtime import serde
 from coordinator.runtime.log import PartitionLog, partition_dir
-from worker_client.assignors.api import GroupSpec, MemberSpec
-from worker_client.assignors.incremental import IncrementalCooperativeAssignor
 
 GROUP = "bench-memory"
 WIRE_GROUP = "bench-memory-wire"

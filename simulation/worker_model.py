@@ -19,6 +19,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from connect_wire.assignors import (
+    EagerAssignor,
+    IncrementalCooperativeAssignor,
+    group_from_prepare,
+    install_request,
+)
 from connect_wire.errors import ErrorCode as E
 from connect_wire.items import Item
 from connect_wire.messages import (
@@ -27,12 +33,6 @@ from connect_wire.messages import (
     ConnectGroupPrepareAssignmentRequest,
 )
 from connect_wire.messages import connect_group_commit_offsets_request_v0 as _commit
-from worker_client.assignors import (
-    EagerAssignor,
-    IncrementalCooperativeAssignor,
-    group_from_prepare,
-    install_request,
-)
 from worker_client.membership import RETRY as MEMBERSHIP_RETRY
 from worker_client.membership import Assign, AssignorAd, Compute, Fatal, Lost, Membership, Revoke, State
 

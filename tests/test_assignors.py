@@ -28,8 +28,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from connect_wire.items import Item, connector_items
-from worker_client.assignors import (
+from connect_wire.assignors import (
     DEFAULT_MAX_DELAY_MS,
     Assignor,
     AssignorMetadata,
@@ -41,7 +40,8 @@ from worker_client.assignors import (
     MemberSpec,
     install_request,
 )
-from worker_client.assignors.incremental import AssignorState, decode_state, held_items, state_json
+from connect_wire.assignors.incremental import AssignorState, decode_state, held_items, state_json
+from connect_wire.items import Item, connector_items
 
 SEED000 = {"A": 2, "B": 1}  # AC0, AT1, AT2, BC0, BT1
 
@@ -892,8 +892,8 @@ def test_through_the_sans_io_coordinator(comeback: str | None) -> None:
     """PrepareAssignment -> group_from_prepare -> assign -> install_request, on the real group
     state machine: held work is accepted with the delay, the scheduled rebalance fires, the
     departed worker's work comes back or is spread. Each worker runs its own assignor."""
+    from connect_wire.assignors import group_from_prepare
     from tests.group_harness import Harness, assignor
-    from worker_client.assignors import group_from_prepare
 
     delay = 40_000
     h = Harness()

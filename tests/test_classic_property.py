@@ -13,16 +13,16 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from connect_wire.assignors import (
+    IncrementalCooperativeAssignor,
+    group_from_prepare,
+    install_request,
+)
 from connect_wire.errors import ErrorCode as E
 from connect_wire.items import Item
 from coordinator.group.config import GroupCoordinatorConfig
 from tests.group_harness import names
 from tests.test_classic_members import Classic
-from worker_client.assignors import (
-    IncrementalCooperativeAssignor,
-    group_from_prepare,
-    install_request,
-)
 
 REJOIN = {E.UNKNOWN_MEMBER_ID, E.FENCED_MEMBER_EPOCH, E.ILLEGAL_GENERATION}
 

@@ -11,7 +11,7 @@ layer   name                modules
 ======  ==================  =============================================================
 0       wire                ``connect_wire`` (codec, framing, messages, records, logs setup)
 1       pure cores          ``coordinator.group``, ``worker_client.membership``,
-                            ``worker_client.assignors``: values in, values out, time passed in
+                            ``connect_wire.assignors``: values in, values out, time passed in
 2       security model      ``coordinator.security`` (principals, the ``Security`` interface),
                             ``.model``, ``.scram``, ``.state``, ``.sasl``: sans-IO as well
 3       runtime and store   ``coordinator.runtime``, ``coordinator.store``, ``coordinator.config``
@@ -49,7 +49,7 @@ PACKAGES = ("connect_wire", "coordinator", "worker_client", "simulation", "bench
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("wire", ("connect_wire", "=coordinator", "=worker_client")),
-    ("pure cores", ("coordinator.group", "worker_client.membership", "worker_client.assignors")),
+    ("pure cores", ("coordinator.group", "worker_client.membership", "connect_wire.assignors")),
     ("security model", ("coordinator.security", "coordinator.security.model",
                         "coordinator.security.scram", "coordinator.security.state",
                         "coordinator.security.sasl")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from connect_wire.assignors.api import GroupAssignment, MemberTarget, group_from_prepare, install_request
 from connect_wire.errors import ErrorCode as E
 from connect_wire.items import Item, connector_items
 from connect_wire.messages import (
@@ -19,7 +20,6 @@ from connect_wire.messages import (
 from connect_wire.messages import connect_group_heartbeat_response_v0 as _hb
 from coordinator.group.coordinator import GroupCoordinator
 from coordinator.group.invariants import check_invariants
-from worker_client.assignors.api import GroupAssignment, MemberTarget, group_from_prepare, install_request
 from worker_client.membership import (
     Assign,
     AssignorAd,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "pyproject.toml"
-CORES = ["coordinator/group", "worker_client/membership.py", "worker_client/assignors"]
+CORES = ["coordinator/group", "worker_client/membership.py", "connect_wire/assignors"]
 
 
 def _mypy(*args: str) -> subprocess.CompletedProcess[str]:

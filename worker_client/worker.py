@@ -56,6 +56,14 @@ from typing import Any
 import structlog
 
 from connect_wire import verbs
+from connect_wire.assignors import (
+    Assignor,
+    EagerAssignor,
+    IncrementalCooperativeAssignor,
+    MemberAssignmentInfo,
+    group_from_prepare,
+    install_request,
+)
 from connect_wire.client_security import SECURITY_CODES, ClientSecurity, SecurityError
 from connect_wire.errors import ErrorCode, ProtocolError, error_name
 from connect_wire.instance_states import (
@@ -77,14 +85,6 @@ from connect_wire.messages import (
 from connect_wire.messages import connect_group_commit_offsets_request_v0 as _commit
 from connect_wire.messages import connect_group_write_task_configs_request_v0 as _write
 from worker_client import logs
-from worker_client.assignors import (
-    Assignor,
-    EagerAssignor,
-    IncrementalCooperativeAssignor,
-    MemberAssignmentInfo,
-    group_from_prepare,
-    install_request,
-)
 from worker_client.client import ConnectionFailed, CoordinatorClient
 from worker_client.config_providers import ConfigProviders
 from worker_client.context import (

@@ -52,6 +52,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from connect_wire import classic_connect as cc
+from connect_wire.assignors import (
+    EagerAssignor,
+    GroupSpec,
+    IncrementalCooperativeAssignor,
+    MemberSpec,
+)
 from connect_wire.errors import ErrorCode, error_name
 from connect_wire.instance_states import utf8_tail
 from connect_wire.messages import (
@@ -90,12 +96,6 @@ from connect_wire.records import (
     TargetAssignmentMetadataKey,
 )
 from connect_wire.verbs import STOPPED, target_state
-from worker_client.assignors import (
-    EagerAssignor,
-    GroupSpec,
-    IncrementalCooperativeAssignor,
-    MemberSpec,
-)
 
 from . import classic as cl
 from . import records as rec

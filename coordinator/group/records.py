@@ -113,11 +113,9 @@ def group_member(group_id: str, m: MemberMetadata) -> Record:
                 )
                 for a in m.assignors
             ),
-            **({} if m.classic is None else {
-                "classic_session_timeout_ms": m.classic.session_timeout_ms,
-                "classic_protocols": tuple(_gm.ClassicProtocol(name=n, metadata=b)
-                                           for n, b in m.classic.protocols),
-            }),
+            classic_session_timeout_ms=-1 if m.classic is None else m.classic.session_timeout_ms,
+            classic_protocols=() if m.classic is None else tuple(
+                _gm.ClassicProtocol(name=n, metadata=b) for n, b in m.classic.protocols),
         ),
     )
 

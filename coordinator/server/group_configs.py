@@ -45,11 +45,11 @@ from typing import Any
 
 from connect_wire.apis import APIS, ApiKey
 from connect_wire.errors import ErrorCode
+from connect_wire.krpc import KrpcConnection
 from coordinator.group.config import GROUP_CONFIG_DEFAULTS, GROUP_CONFIG_DOCS, GROUP_OVERRIDES
 from coordinator.runtime.partitioner import partition_for
 from coordinator.runtime.shard import ShardUnavailable
 from coordinator.server import kafka_apis
-from worker_client.client import KrpcConnection
 
 API_KEYS = frozenset({ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS})
 
