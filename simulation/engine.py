@@ -159,7 +159,7 @@ class Simulation(Network, Cluster, Invariants, Faults):
         if self.multi:
             self.coord.start_lease()
             self.at(self.store.expires, self._lease_expiry, token, self.store.expires)
-        self.workers: list[SimWorker] = [SimWorker(self, i) for i in range(workers)]
+        self.workers: list[SimWorker] = [self.new_worker(i) for i in range(workers)]
         self.admin: SimWorker | None = None
         self.zombie_grace = WATCHDOG_MS + 2 * scenario.latency_ms[1] + 1
         """A frozen worker must begin stopping what it may no longer run this soon after it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .classic_worker import ClassicWorker
 from .scenarios import DEPOSED_ARM_MS, PAUSE_ARM_MS, Fault
 from .worker_model import SimWorker
 
@@ -22,8 +23,29 @@ class Faults:
     # -- workers ------------------------------------------------------------------------------------
     def worker(self, slot: int) -> SimWorker:
         while slot >= len(self.workers):
-            self.workers.append(SimWorker(self, len(self.workers)))
+            self.workers.append(self.new_worker(len(self.workers)))
         return self.workers[slot]
+
+    def new_worker(self, slot: int) -> SimWorker:
+        """The worker of ``slot``: a classic-capable one when the scenario has classic workers."""
+        sc = self.scenario
+        if not sc.classic:
+            return SimWorker(self, slot)
+        w = ClassicWorker(self, slot, self.classic_protocol(slot) if (
+            sc.classic == "all" or (sc.classic == "half" and slot % 2 == 0)) else None)
+        if sc.migrate == "to_new":
+            w.switch_to = None
+        elif sc.migrate == "to_classic":
+            w.switch_to = self.classic_protocol(slot)
+        return w
+
+    def classic_protocol(self, slot: int) -> str:
+        p = self.scenario.classic_protocol
+        if p == "auto":
+            return "default" if self.assignor == "eager" else "sessioned"
+        if p == "mixed":
+            return ("sessioned", "default", "compatible")[slot % 3]
+        return p
 
     def restart_worker(self, w: SimWorker) -> None:
         if not w.alive and not self.stopped:

@@ -38,6 +38,7 @@ from connect_wire.messages import (
     ConnectGroupPrepareAssignmentRequest,
     ConnectGroupPrepareAssignmentResponse,
 )
+from coordinator.group import classic as cl
 from coordinator.group.config import GroupCoordinatorConfig
 from coordinator.group.coordinator import GroupCoordinator, Result
 from coordinator.group.invariants import check_invariants, epochs
@@ -187,6 +188,7 @@ class CoordinatorNode:
             session_timeout_ms=sc.session_timeout_ms, heartbeat_interval_ms=sc.heartbeat_interval_ms,
             min_session_timeout_ms=min(1_000, sc.session_timeout_ms),
             min_heartbeat_interval_ms=min(100, sc.heartbeat_interval_ms),
+            classic_max_delay_ms=sc.max_delay_ms,  # (the assignor the workers run has it too)
         )
         return GroupCoordinator(config, member_id_factory=self.sim.generated_id, strict=True)
 
@@ -357,6 +359,8 @@ class CoordinatorNode:
                     result = _as_result(self.core.fetch_offsets(req))
                 elif isinstance(req, ConnectGroupAlterConnectorsRequest):
                     result = self.core.alter_connectors(req, now)
+                elif isinstance(req, CLASSIC_REQUESTS):
+                    result = self._classic(req, now)
                 else:  # pragma: no cover - the simulation sends nothing else
                     raise AssertionError(f"unexpected request {type(req).__name__}")
             elif kind == "timer":
@@ -376,6 +380,16 @@ class CoordinatorNode:
             sim.trace("log_append_failed", detail=f"{kind}: {len(result.records)} records rolled back")
             self._failed(ev)
             return None
+        return result
+
+    def _classic(self, req: Any, now: int) -> Result:
+        """A classic worker's JoinGroup, SyncGroup, Heartbeat or LeaveGroup through the core's
+        classic entry points; its answer (a dict of Kafka's response fields) as a ClassicAnswer."""
+        core = self.core
+        handler = {cl.Join: core.classic_join, cl.Sync: core.classic_sync,
+                   cl.Beat: core.classic_heartbeat, cl.Leave: core.classic_leave}[type(req)]
+        result = handler(req, now)
+        result.response = ClassicAnswer(result.response)
         return result
 
     def _failed(self, ev: tuple[Any, ...], code: int = E.COORDINATOR_NOT_AVAILABLE) -> None:
@@ -643,6 +657,16 @@ class CoordinatorNode:
 
 
 OFFSET_REQUESTS = (ConnectGroupCommitOffsetsRequest, ConnectGroupFetchOffsetsRequest)
+CLASSIC_REQUESTS = (cl.Join, cl.Sync, cl.Beat, cl.Leave)
+
+
+class ClassicAnswer(dict[str, Any]):
+    """A classic API's answer (the core's dict of Kafka's response fields) with the
+    ``error_code`` attribute the node and the network read of every answer."""
+
+    @property
+    def error_code(self) -> int:
+        return int(self["error_code"])
 
 
 def _as_result(answer: Any) -> Result:
@@ -653,6 +677,8 @@ def _as_result(answer: Any) -> Result:
 
 def error_response(req: Any, code: int, now: int) -> Any:
     """What the daemon answers a request it cannot handle (retriable errors)."""
+    if isinstance(req, CLASSIC_REQUESTS):
+        return ClassicAnswer(error_code=code, error_message=None, members=[], assignment=b"")
     if isinstance(req, ConnectGroupHeartbeatRequest):
         return ConnectGroupHeartbeatResponse(
             error_code=code, error_message=None, member_id=None, member_epoch=req.member_epoch,
