@@ -207,6 +207,18 @@ class Scenario:
     lease_checked: bool = True
     """TEST ONLY (off: the owner neither checks its lease before answering nor gives the partition
     up when it cannot renew it; it learns it was deposed only from a refused write)."""
+    # -- classic workers (Kafka Connect's worker: JoinGroup/SyncGroup/Heartbeat/LeaveGroup) --------
+    classic: str = ""
+    """Which worker slots run classic workers (simulation/classic_worker.py): ``""`` none and
+    no classic model at all (the scenarios before it), ``"none"`` none at first (a migration
+    makes them), ``"all"``, ``"half"`` (the even slots)."""
+    classic_protocol: str = "auto"
+    """Their ``connect.protocol``: ``sessioned``, ``compatible``, ``default`` (eager), ``auto``
+    (``default`` with the eager assignor, else ``sessioned``) or ``mixed`` (by slot: sessioned,
+    default, compatible)."""
+    migrate: str = ""
+    """A worker stopped gracefully and restarted (a bounce) comes back speaking the other
+    protocol: ``to_new`` (classic -> new) or ``to_classic`` (new -> classic)."""
     max_faulted: int = 10
     convergence_bound_ms: int = 60_000
     """After the last fault ends, the group must converge within this long."""
@@ -517,5 +529,73 @@ SCENARIOS.update({
             description="The soak on three coordinator nodes: a handover, an owner killed, an "
                         "owner frozen past its lease with a write in flight and an etcd leader "
                         "election instead of the coordinator restart."),
+    )
+})
+SCENARIOS.update({
+    s.name: s for s in (
+        # -- classic workers (Kafka Connect's worker protocol) and online migration -----------------
+        _s("classic-group",
+           "A group of classic workers only (Kafka Connect's JoinGroup/SyncGroup protocol; the "
+           "coordinator computes the target itself): crashes, a bounce, a worker joining, "
+           "connector changes.",
+           classic="all", crashes=1, crash_restart_ms=(500, 5_000), bounces=1, joins=1,
+           connector_changes=2, convergence_bound_ms=_HOLD + 30_000, tags=("classic",)),
+        _s("classic-mixed",
+           "Half the workers classic, half new-protocol (the new-protocol ones compute): "
+           "crashes, a partition, a pause, dropped connections, a coordinator restart, a join "
+           "and a leave, connector changes.",
+           classic="half", crashes=1, crash_restart_ms=(500, 5_000), partitions=1,
+           partition_ms=(2_000, 20_000), pauses=1, conn_drops=2, coordinator_restarts=1,
+           joins=1, leaves=1, connector_changes=2, window_ms=40_000,
+           convergence_bound_ms=_HOLD + 60_000, tags=("classic",)),
+        _s("classic-mixed-protocols",
+           "Classic workers only, their connect.protocol by slot (sessioned, default, "
+           "compatible): a rolling bounce, a partition, connector changes.",
+           classic="all", classic_protocol="mixed", rolling=True, bounce_down_ms=(1_000, 4_000),
+           max_faulted=5, partitions=1, connector_changes=2,
+           convergence_bound_ms=_HOLD + 60_000, tags=("classic",)),
+        _s("migrate-to-new",
+           "Online migration classic -> new: every classic worker (up to max_faulted) is stopped "
+           "gracefully (stop, LeaveGroup) and replaced by a new-protocol worker, one at a time, "
+           "under load (connector changes).",
+           classic="all", migrate="to_new", rolling=True, bounce_down_ms=(1_000, 4_000),
+           max_faulted=5, connector_changes=2, convergence_bound_ms=_HOLD + 30_000,
+           tags=("classic",)),
+        _s("migrate-to-classic",
+           "Online migration new -> classic, one worker at a time, under load.",
+           classic="none", migrate="to_classic", rolling=True, bounce_down_ms=(1_000, 4_000),
+           max_faulted=5, connector_changes=2, convergence_bound_ms=_HOLD + 30_000,
+           tags=("classic",)),
+        _s("migrate-to-new-static",
+           "Classic -> new with static members: each classic worker stops (no LeaveGroup) and "
+           "a new-protocol process with its instance id replaces it.",
+           classic="all", migrate="to_new", identity="static", rolling=True,
+           bounce_down_ms=(1_000, 4_000), max_faulted=5, connector_changes=1,
+           convergence_bound_ms=_HOLD + 30_000, tags=("classic",)),
+        _s("migrate-to-classic-static",
+           "New -> classic with static members: each new-protocol worker leaves with -2 and a "
+           "classic process with its instance id replaces it.",
+           classic="none", migrate="to_classic", identity="static", rolling=True,
+           bounce_down_ms=(1_000, 4_000), max_faulted=5, connector_changes=1,
+           convergence_bound_ms=_HOLD + 30_000, tags=("classic",)),
+        _s("migrate-faults",
+           "Classic -> new one worker at a time while workers crash, one is cut off, one pauses, "
+           "connections drop and the coordinator restarts.",
+           classic="all", migrate="to_new", rolling=True, bounce_down_ms=(1_000, 4_000),
+           max_faulted=6, crashes=1, crash_restart_ms=(500, 5_000), partitions=1,
+           partition_ms=(2_000, 20_000), pauses=1, conn_drops=2, coordinator_restarts=1,
+           connector_changes=1, convergence_bound_ms=_HOLD + 60_000, tags=("classic",)),
+        _s("migrate-back-faults",
+           "New -> classic one worker at a time with the same faults.",
+           classic="none", migrate="to_classic", rolling=True, bounce_down_ms=(1_000, 4_000),
+           max_faulted=6, crashes=1, crash_restart_ms=(500, 5_000), partitions=1,
+           partition_ms=(2_000, 20_000), pauses=1, conn_drops=2, coordinator_restarts=1,
+           connector_changes=1, convergence_bound_ms=_HOLD + 60_000, tags=("classic",)),
+        _s("migrate-nodes",
+           "Classic -> new on three coordinator nodes: a handover and an owner killed "
+           "mid-migration.",
+           classic="all", migrate="to_new", rolling=True, bounce_down_ms=(1_000, 4_000),
+           max_faulted=5, nodes=3, partition_moves=1, owner_failovers=1,
+           convergence_bound_ms=_HOLD + 60_000, tags=("classic", "nodes")),
     )
 })
