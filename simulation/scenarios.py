@@ -540,6 +540,12 @@ SCENARIOS.update({
            "connector changes.",
            classic="all", crashes=1, crash_restart_ms=(500, 5_000), bounces=1, joins=1,
            connector_changes=2, convergence_bound_ms=_HOLD + 30_000, tags=("classic",)),
+        _s("classic-long-partition",
+           "Classic workers only, one cut off for 12-25 s (longer than its session): it must stop "
+           "its work by its session's end plus half its rebalance timeout, when the coordinator "
+           "hands its items on.",
+           classic="all", partitions=1, partition_ms=(12_000, 25_000),
+           convergence_bound_ms=_HOLD + 30_000, tags=("classic",)),
         _s("classic-mixed",
            "Half the workers classic, half new-protocol (the new-protocol ones compute): "
            "crashes, a partition, a pause, dropped connections, a coordinator restart, a join "

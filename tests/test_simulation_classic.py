@@ -18,7 +18,7 @@ CLASSIC = sorted(name for name, s in SCENARIOS.items() if "classic" in s.tags)
 
 
 def test_the_classic_scenarios_are_there() -> None:
-    assert {"classic-group", "classic-mixed", "classic-mixed-protocols", "migrate-to-new",
+    assert {"classic-group", "classic-long-partition", "classic-mixed", "classic-mixed-protocols", "migrate-to-new",
             "migrate-to-classic", "migrate-to-new-static", "migrate-to-classic-static",
             "migrate-faults", "migrate-back-faults", "migrate-nodes"} <= set(CLASSIC)
     for name in CLASSIC:  # (misbehaving stops are not a classic worker's: docs/simulation.md)
@@ -88,3 +88,24 @@ def test_the_checks_catch_a_classic_worker_that_ignores_revocation(
     monkeypatch.undo()
     for seed in range(4):  # the real one, same seeds
         assert run("classic-group", "incremental", workers=3, tasks=12, seed=seed).metrics["violation"] == ""
+
+
+class NoStopOnSessionLoss(ClassicWorker):
+    """A classic worker without the rule: cut off, it runs its items on past its session."""
+
+    def _watchdog(self, due: int) -> None:
+        if not self.classic:
+            super()._watchdog(due)
+
+
+def test_without_the_stop_on_session_loss_a_cut_off_classic_worker_runs_items_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # seeds 2 and 5: the cut-off worker holds items the coordinator hands on after its hold
+    monkeypatch.setattr(faults_module, "ClassicWorker", NoStopOnSessionLoss)
+    for seed in (2, 5):
+        m = run("classic-long-partition", "incremental", workers=3, tasks=12, seed=seed).metrics
+        assert "at once" in str(m["violation"]), (seed, m)
+    monkeypatch.undo()
+    for seed in (2, 5):
+        m = run("classic-long-partition", "incremental", workers=3, tasks=12, seed=seed).metrics
+        assert m["violation"] == "" and m["converged"], (seed, m)
