@@ -18,8 +18,8 @@ CLASSIC = sorted(name for name, s in SCENARIOS.items() if "classic" in s.tags)
 
 
 def test_the_classic_scenarios_are_there() -> None:
-    assert {"classic-group", "classic-long-partition", "classic-mixed", "classic-mixed-protocols", "migrate-to-new",
-            "migrate-to-classic", "migrate-to-new-static", "migrate-to-classic-static",
+    assert {"classic-group", "classic-long-partition", "classic-mixed", "classic-mixed-protocols",
+            "migrate-to-new", "migrate-to-classic", "migrate-to-new-static", "migrate-to-classic-static",
             "migrate-faults", "migrate-back-faults", "migrate-nodes"} <= set(CLASSIC)
     for name in CLASSIC:  # (misbehaving stops are not a classic worker's: docs/simulation.md)
         s = SCENARIOS[name]
