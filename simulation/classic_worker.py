@@ -18,10 +18,10 @@ worker unchanged; else it offers those Connect protocols (``sessioned``, ``compa
   member id; UNKNOWN_MEMBER_ID / FENCED_INSTANCE_ID: the membership is gone: stop everything,
   join afresh.
 * **session loss**: a worker that has not completed a heartbeat (nor a join or sync) within
-  its session timeout of sending it stops all its work (Connect's worker stops its connectors
-  and tasks when it cannot reach the group: its members' sessions are over), each stop taking
-  up to half its rebalance timeout (``task.shutdown.graceful.timeout.ms``); then it joins
-  afresh.
+  its session timeout of sending it stops all its work, each stop taking up to half its
+  rebalance timeout (``task.shutdown.graceful.timeout.ms``), then joins afresh: what a worker
+  must do for the coordinator's hold of a fenced member (session deadline plus half its
+  rebalance timeout) to keep its items from running twice.
 * **stop** (a graceful shutdown): stop all work, then LeaveGroup (a static member does not
   leave: its next process, of either protocol, replaces it by its instance id); the process
   exits.
