@@ -15,6 +15,7 @@ The etcd store's failover is in tests/test_cluster_e2e.py (its module's etcd).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,9 +117,12 @@ def alter(call: Call, group: str, connectors: dict[str, int]) -> None:
 
 
 def describe(call: Call, group: str) -> Any:
+    """The group's describe, each member's last heartbeat age left out (it is the time since its
+    last heartbeat: two describes a moment apart differ by it)."""
     (g,) = call(ConnectGroupDescribeRequest(group_ids=(group,))).groups
     assert g.error_code == 0, g
-    return g
+    return dataclasses.replace(g, members=tuple(
+        dataclasses.replace(m, last_heartbeat_ms_ago=-1) for m in g.members))
 
 
 def described_tokens(g: Any) -> dict[str, dict[str, int]]:
