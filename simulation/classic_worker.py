@@ -121,31 +121,7 @@ class ClassicWorker(SimWorker):
             return
         sim, sc = self.sim, self.sim.scenario
         self.protocols = CLASSIC_PROTOCOLS[self.protocol]
-        self.inc += 1
-        self.alive = True
-        self.leaving = False
-        self.draining = False
-        self.stop_set = False
-        self.loop_exited = False
-        self.pending.clear()
-        self.queue.clear()
-        self.acting = None
-        self.acting_done = False
-        self.blocked = False
-        self.hb = None
-        self.computing = False
-        self.step_at = None
-        self.wd_at = None
-        self.failures = 0
-        self.coordinator_known = False
-        self.conns = {"hb": None, "ctl": None}
-        self.paused_until = 0
-        self.deferred = []
-        self.pause_began = -1
-        self.pause_lease_expired = False
-        self.backstop_at = None
-        self.tokens = {}
-        self.pause_on_write = None
+        self._new_process()
         self.phase = "joining"
         self.rejoin = False
         self.busy = 0

@@ -191,8 +191,9 @@ class SimWorker:
         return max(100, self.sim.scenario.rebalance_timeout_ms // 2)
 
     # -- lifecycle -------------------------------------------------------------------------------------
-    def start(self) -> None:
-        sim, sc = self.sim, self.sim.scenario
+    def _new_process(self) -> None:
+        """A new incarnation's process state, whichever protocol it speaks: alive, nothing
+        pending, queued, running or known yet."""
         self.inc += 1
         self.alive = True
         self.leaving = False
@@ -218,6 +219,10 @@ class SimWorker:
         self.backstop_at = None
         self.tokens = {}
         self.pause_on_write = None
+
+    def start(self) -> None:
+        sim, sc = self.sim, self.sim.scenario
+        self._new_process()
         self.assignor = (EagerAssignor() if sim.assignor == "eager"
                          else IncrementalCooperativeAssignor(max_delay_ms=sc.max_delay_ms))
         meta = self.assignor.metadata()
