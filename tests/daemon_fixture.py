@@ -243,6 +243,22 @@ class DaemonPool:
             raise DaemonFailed("\n".join(problems))
 
 
+def start_with_acls(pool: DaemonPool, tmp_path: Path) -> Daemon:
+    """A daemon with ``authorizer = "acl"``, a PLAINTEXT listener for ANONYMOUS (a super user,
+    to grant ACLs) and a SASL_PLAINTEXT one where user ``ops`` (SCRAM-SHA-256, password
+    ``ops-secret``) has only what the test grants it. Its data in ``tmp_path/data``."""
+    data = tmp_path / "data"
+    (tmp_path / "ops.pw").write_text("ops-secret\n")
+    assert run_cli("users", "add", "--data-dir", str(data), "ops", "--mechanism", "SCRAM-SHA-256",
+                   "--password-file", str(tmp_path / "ops.pw")).returncode == 0
+    conf = tmp_path / "coordinator.toml"
+    conf.write_text('authorizer = "acl"\nsuper.users = "User:ANONYMOUS"\n'
+                    'sasl.enabled.mechanisms = "SCRAM-SHA-256"\n')
+    return pool.start(data, extra_args=[
+        "--config", str(conf),
+        "--listen", "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"])
+
+
 @pytest.fixture
 def daemon_pool(tmp_path: Path) -> Iterator[DaemonPool]:
     with DaemonPool(tmp_path) as pool:

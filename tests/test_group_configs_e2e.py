@@ -29,7 +29,7 @@ from connect_wire.errors import ErrorCode as E
 from connect_wire.messages import ConnectGroupHeartbeatRequest
 from coordinator.admin import AdminClient
 from coordinator.server.group_configs import FORWARD_CLIENT_ID
-from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli
+from tests.daemon_fixture import ROOT, Daemon, DaemonPool, daemon_env, run_cli, start_with_acls
 from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
 from tests.secure_server import Raw
 
@@ -257,17 +257,8 @@ def test_a_real_worker_heartbeats_at_the_group_interval(tmp_path: Path, pool: Da
 
 
 def test_the_cli_and_the_acls(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    (tmp_path / "ops.pw").write_text("ops-secret\n")
-    assert run_cli("users", "add", "--data-dir", str(data), "ops", "--mechanism", "SCRAM-SHA-256",
-                   "--password-file", str(tmp_path / "ops.pw")).returncode == 0
-    conf = tmp_path / "coordinator.toml"
-    conf.write_text('authorizer = "acl"\nsuper.users = "User:ANONYMOUS"\n'
-                    'sasl.enabled.mechanisms = "SCRAM-SHA-256"\n')
     with DaemonPool(tmp_path) as pool:
-        d = pool.start(data, extra_args=[
-            "--config", str(conf),
-            "--listen", "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"])
+        d = start_with_acls(pool, tmp_path)
         plain = ("--bootstrap", d.address("PLAINTEXT"), "--group", "g")
         sasl = ("--bootstrap", d.address("SASL_PLAINTEXT"), "--security-protocol",
                 "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-256", "--sasl-username", "ops",

@@ -28,7 +28,7 @@ from connect_wire.messages import connect_group_alter_offsets_request_v0 as _alt
 from connect_wire.messages import connect_group_commit_offsets_request_v0 as _com
 from connect_wire.messages import connect_group_heartbeat_request_v0 as _hb
 from connect_wire.messages import connect_group_write_task_configs_request_v0 as _wtc
-from tests.daemon_fixture import Daemon, DaemonPool, run_cli
+from tests.daemon_fixture import Daemon, DaemonPool, run_cli, start_with_acls
 from tests.etcd_fixture import etcd_endpoint, etcd_server  # noqa: F401 (fixtures)
 from tests.secure_server import Raw
 from tests.test_daemon_e2e import Admin, Worker
@@ -180,17 +180,8 @@ def test_commits_survive_kill_9_and_the_cli_manages_them(tmp_path: Path, pool: D
 
 
 def test_alter_needs_alter_on_the_group(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    (tmp_path / "ops.pw").write_text("ops-secret\n")
-    assert run_cli("users", "add", "--data-dir", str(data), "ops", "--mechanism", "SCRAM-SHA-256",
-                   "--password-file", str(tmp_path / "ops.pw")).returncode == 0
-    conf = tmp_path / "coordinator.toml"
-    conf.write_text('authorizer = "acl"\nsuper.users = "User:ANONYMOUS"\n'
-                    'sasl.enabled.mechanisms = "SCRAM-SHA-256"\n')
     with DaemonPool(tmp_path) as pool:
-        d = pool.start(data, extra_args=[
-            "--config", str(conf),
-            "--listen", "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"])
+        d = start_with_acls(pool, tmp_path)
         plain = ("--bootstrap", d.address("PLAINTEXT"))
         cli("acls", "add", *plain, "--allow-principal", "User:ops", "--operation", "Describe",
             "--group", "g")
